@@ -1,0 +1,54 @@
+# Two commands do everything on a fresh machine:
+#   make demo   - set up, then run the demo on the shipped toy zoo
+#   make test   - set up, then run the default test suite
+#
+# Torch is installed only when the venv has none.  The default is the CPU wheel
+# that this machine carries; GPU users override it, e.g.
+#   make test TORCH_SPEC="torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124"
+# or point VENV at an environment that already has a CUDA torch.
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= dev,train
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.ga-installed
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-all bench lint clean
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	@$(PY) -c "import torch" 2>/dev/null && echo "torch already present: $$($(PY) -c 'import torch; print(torch.__version__)')" \
+	  || $(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@bash scripts/ensure_system_deps.sh
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/gather-aggregate demo --out ga_out/demo
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Everything, slow tests and notebooks included (not in CI's time budget).
+test-all: setup
+	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+
+bench: setup
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+lint: setup
+	$(VENV)/bin/ruff check gather_aggregate adapters tests benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info ga_out
