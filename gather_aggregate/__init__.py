@@ -1,0 +1,40 @@
+"""gather-aggregate: find and test Gather-and-Aggregate retrieval heads.
+
+Importing this package is cheap: torch, transformers and TransformerLens are
+only imported when a function that needs them is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first attribute access)
+_LAZY: dict[str, str] = {
+    "load_model": "gather_aggregate.loading",
+    "from_hf_model": "gather_aggregate.loading",
+    "supported_model_types": "gather_aggregate.loading",
+    "LayerInfo": "gather_aggregate.protocol",
+    "HookedModel": "gather_aggregate.protocol",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.loading import from_hf_model, load_model, supported_model_types
+    from gather_aggregate.protocol import HookedModel, LayerInfo
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gather_aggregate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

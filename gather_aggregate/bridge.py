@@ -1,0 +1,160 @@
+"""Transformers through TransformerLens 4.x's ``TransformerBridge``.
+
+:class:`BridgeModel` wraps a bridge and answers the project's model protocol
+(:mod:`gather_aggregate.protocol`).  Attributes it does not define are looked
+up on the bridge, so ``model.blocks``, ``model.cfg``, ``model.W_O`` ... work as
+in TransformerLens.
+
+The bridge is built with ``no_processing=True``: no LayerNorm folding or weight
+centering, so hooks live in the HF model's own coordinates and logits equal
+the HF forward (to float rounding).  Legacy hook names (``blocks.L.attn.hook_z``,
+``hook_pattern`` ...) are enabled through TL's compatibility mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gather_aggregate.errors import InputError, UnsupportedModelError
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+
+
+def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, tokenizer: Any) -> Any:
+    """The one place that touches TL's private offline bridge builder.
+
+    ``TransformerBridge.boot_transformers`` reloads weights and tokenizer by
+    hub name; ``build_bridge_from_module`` wraps an already-loaded module and
+    never touches the hub.  It replaces submodules of ``hf_model`` in place, so
+    callers pass a model they own.
+
+    TL's tokenizer setup edits the tokenizer it is given (padding side, pad and
+    eos tokens) and, for tokenizers with a BOS token, reloads it by its
+    ``name_or_path`` (an in-memory tokenizer has none: ``KeyError``).  So the
+    bridge gets a private copy of a tokenizer loaded from disk, and none
+    otherwise; the protocol's own tokenisation never uses the bridge's.
+    """
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    if tokenizer is not None and not getattr(tokenizer, "init_kwargs", {}).get("name_or_path"):
+        tokenizer = None
+    tokenizer = copy.deepcopy(tokenizer)
+    bridge = build_bridge_from_module(hf_model, architecture, hf_config=hf_config, tokenizer=tokenizer)
+    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    return bridge
+
+
+def supported_architectures() -> list[str]:
+    """HF architecture class names TransformerLens' bridge can wrap."""
+    from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
+
+    return sorted(ArchitectureAdapterFactory._adapters)
+
+
+class BridgeModel(ProtocolMixin):
+    """A transformer, hooked by TransformerLens' ``TransformerBridge``, speaking the protocol."""
+
+    def __init__(self, bridge: Any, tokenizer: Any = None, name: str = "transformer") -> None:
+        self.module = bridge
+        self.tokenizer = tokenizer
+        self.name = name
+        cfg = bridge.cfg
+        self.n_ctx = int(cfg.n_ctx) if getattr(cfg, "n_ctx", None) else None
+        self.d_vocab = int(cfg.d_vocab)
+        self._layers = [
+            LayerInfo(index=i, kind="attn", n_heads=int(cfg.n_heads), d_head=int(cfg.d_head),
+                      head_hook=f"blocks.{i}.attn.hook_z")
+            for i in range(int(cfg.n_layers))
+        ]
+
+    @classmethod
+    def from_hf(cls, hf_model: torch.nn.Module, tokenizer: Any = None, *, copy_model: bool = True,
+                name: str | None = None) -> BridgeModel:
+        """Wrap an in-memory HF causal LM.  The user's model is deep-copied first (the bridge edits its module tree)."""
+        config = hf_model.config
+        archs = list(getattr(config, "architectures", None) or [type(hf_model).__name__])
+        supported = set(supported_architectures())
+        arch = next((a for a in archs if a in supported), None)
+        if arch is None:
+            raise UnsupportedModelError(
+                f"architecture {archs} (model_type {getattr(config, 'model_type', '?')!r}) is not supported by "
+                f"TransformerLens' bridge; supported: {', '.join(sorted(supported))}"
+            )
+        module = copy.deepcopy(hf_model) if copy_model else hf_model
+        module.eval()
+        bridge = _build_bridge(module, arch, config, tokenizer)
+        return cls(bridge, tokenizer, name=name or getattr(config, "name_or_path", None) or arch)
+
+    # ---- protocol -------------------------------------------------------
+    @property
+    def layers(self) -> list[LayerInfo]:
+        return self._layers
+
+    @property
+    def cfg(self) -> Any:
+        return self.module.cfg
+
+    def __call__(self, tokens: Any, *, start_at_layer: int | None = None, stop_at_layer: int | None = None,
+                 **kwargs: Any) -> Tensor:
+        return self.forward(tokens, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, **kwargs)
+
+    def forward(self, tokens: Any, *, start_at_layer: int | None = None, stop_at_layer: int | None = None,
+                **kwargs: Any) -> Tensor:
+        """Logits ``[batch, pos, vocab]``; with ``start_at_layer`` the input is the residual entering that layer;
+        with ``stop_at_layer`` the output is the residual entering that layer."""
+        if start_at_layer is None:
+            tokens = self.validate_tokens(tokens)
+        else:
+            self._check_resume(tokens, start_at_layer)
+        if stop_at_layer is not None and not 0 <= stop_at_layer <= self.n_layers:
+            raise InputError(f"stop_at_layer must be in [0, {self.n_layers}], got {stop_at_layer}")
+        return self.module(tokens, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, **kwargs)
+
+    def _check_resume(self, resid: Any, start_at_layer: int) -> None:
+        if not 0 <= start_at_layer < self.n_layers:
+            raise InputError(f"start_at_layer must be in [0, {self.n_layers - 1}], got {start_at_layer}")
+        if not isinstance(resid, Tensor) or resid.dim() != 3 or not resid.is_floating_point():
+            raise InputError("with start_at_layer, pass the residual stream [batch, pos, d_model] (a float tensor)")
+        self.check_residual(resid)
+
+    def run_with_cache(self, tokens: Any, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+        if kwargs.get("start_at_layer") is None:
+            tokens = self.validate_tokens(tokens)
+        return self.module.run_with_cache(tokens, *args, **kwargs)
+
+    def run_with_hooks(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
+        if kwargs.get("start_at_layer") is None:
+            tokens = self.validate_tokens(tokens)
+        return self.module.run_with_hooks(tokens, *args, **kwargs)
+
+    def hooks(self, fwd_hooks: Sequence[tuple[Any, Any]] = (), bwd_hooks: Sequence[tuple[Any, Any]] = (),
+              **kwargs: Any) -> Any:
+        return self.module.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
+
+    def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
+        name = f"blocks.{info.index}.attn.hook_pattern"
+        if isinstance(tokens_or_cache, Tensor) or isinstance(tokens_or_cache, (str, list, tuple)):
+            tokens = self.validate_tokens(tokens_or_cache)
+            with torch.no_grad():
+                _, cache = self.module.run_with_cache(tokens, names_filter=[name], stop_at_layer=info.index + 1)
+        else:
+            cache = tokens_or_cache
+            if name not in cache:
+                raise InputError(f"the cache has no {name!r}; run run_with_cache without a names_filter "
+                                 "that drops it, or pass tokens")
+        full = cache[name][:, heads]
+        r = resolve_rows(rows, full.shape[0], full.shape[-1], full.device)
+        return gather_rows(full, r)
+
+    # ---- everything else is TransformerLens' ------------------------------
+    def __getattr__(self, item: str) -> Any:
+        if item.startswith("__") or item in ("module", "_layers"):
+            raise AttributeError(item)
+        return getattr(self.module, item)
+
+    def __repr__(self) -> str:
+        return f"BridgeModel({self.name!r}, layers={self.n_layers}, heads={self._layers[0].n_heads if self._layers else 0})"

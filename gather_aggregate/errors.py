@@ -1,0 +1,57 @@
+"""Exceptions with messages that say what was wrong and how to fix it.
+
+Every error the toolkit raises on bad input is a :class:`GAError` subclass, so a
+caller (or the CLI) can catch them as one family and show the one-line message.
+Most also subclass the builtin a Python user would expect (``ValueError``,
+``IndexError``, ``FileNotFoundError``), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class GAError(Exception):
+    """Base class of every user-facing error of gather-aggregate."""
+
+
+class ModelLoadError(GAError, OSError):
+    """A model could not be located or loaded (offline hub, missing files, ...)."""
+
+
+class UnsupportedModelError(GAError, ValueError):
+    """The checkpoint's ``model_type`` (or layout) is not supported."""
+
+
+class TokenizerMissingError(GAError, FileNotFoundError):
+    """The model directory has no tokenizer files."""
+
+
+class CheckpointError(GAError, ValueError):
+    """A checkpoint has missing, unexpected or mis-shaped tensors."""
+
+
+class IndexOutOfRangeError(GAError, IndexError):
+    """A layer, head, row or position index is outside the model or prompt."""
+
+
+class ContextLengthError(GAError, ValueError):
+    """A prompt is longer than the model's context window."""
+
+
+class InputError(GAError, ValueError):
+    """Malformed input: wrong shape, dtype, device, values or arguments."""
+
+
+class MemoryBudgetError(GAError, MemoryError):
+    """A computation would need more memory than the allowed budget."""
+
+
+class TaskError(GAError, ValueError):
+    """A task could not be built from the given parameters or data."""
+
+
+class NonFiniteError(GAError, FloatingPointError):
+    """NaN or inf values where finite values are required."""
+
+
+class ResumeMismatchError(GAError, ValueError):
+    """A resume file belongs to a different model, task or configuration."""

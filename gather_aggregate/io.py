@@ -1,0 +1,80 @@
+"""Atomic result files: write to a temporary file in the same directory, then rename.
+
+A reader (or a resumed scan) therefore sees either the previous complete file
+or the new complete file, never a partial one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gather_aggregate.errors import InputError
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise InputError(f"cannot write {str(path)!r} ({exc.strerror}); choose a writable output directory") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, default=_jsonable))
+
+
+def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _jsonable(v) if not isinstance(v, (str, int, float)) else v for k, v in r.items()})
+    return buf.getvalue()
+
+
+def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> Path:
+    """Write ``path`` (.json with ``{"meta", "rows"}``) and a sibling ``.csv``, both atomically."""
+    path = Path(path)
+    atomic_write_json(path, {"meta": meta or {}, "rows": list(rows)})
+    atomic_write_text(path.with_suffix(".csv"), rows_to_csv(rows))
+    return path
+
+
+def _jsonable(v: Any) -> Any:
+    try:
+        import torch
+
+        if isinstance(v, torch.Tensor):
+            return v.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, (set, tuple)):
+        return list(v)
+    return str(v)

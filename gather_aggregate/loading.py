@@ -1,0 +1,159 @@
+"""``load_model``: one entry point for transformers, SSMs and hybrids.
+
+Dispatch is on the HF ``config.model_type``:
+
+* SSM and hybrid types go to our hooked models in :mod:`gather_aggregate.adapters`;
+* every architecture TransformerLens' ``TransformerBridge`` supports comes back
+  as a :class:`gather_aggregate.bridge.BridgeModel`.
+
+Models load from a local directory (``save_pretrained`` layout) or, when the
+hub is reachable or the files are in the local HF cache, from a hub name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gather_aggregate.errors import ModelLoadError, TokenizerMissingError, UnsupportedModelError
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def parse_dtype(dtype: Any) -> Any:
+    """``None``, a ``torch.dtype`` or a name such as ``"float32"``/``"bf16"``."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+    try:
+        return names[str(dtype).lower().replace("torch.", "")]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(names)}") from None
+
+
+def ssm_model_types() -> tuple[str, ...]:
+    """Model types served by our hooked SSM/hybrid adapters (empty until they are installed)."""
+    try:
+        from gather_aggregate import adapters
+    except ImportError:  # pragma: no cover
+        return ()
+    return tuple(getattr(adapters, "SSM_MODEL_TYPES", ())) + tuple(getattr(adapters, "HYBRID_MODEL_TYPES", ()))
+
+
+def supported_model_types() -> dict[str, list[str]]:
+    """What ``load_model`` accepts: SSM/hybrid ``model_type``s and transformer architectures."""
+    from gather_aggregate.bridge import supported_architectures
+
+    return {"ssm_and_hybrid_model_types": sorted(ssm_model_types()),
+            "transformer_architectures": supported_architectures()}
+
+
+def _resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[Any, str]:
+    from transformers import AutoConfig
+
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ModelLoadError(f"load_model takes a model directory or a hub name, got {type(name_or_path).__name__}")
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        raise ModelLoadError(f"{str(path)!r} is a file; pass the model directory that holds config.json")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{str(path)!r} has no config.json; save the model there with model.save_pretrained(dir)"
+            )
+        return AutoConfig.from_pretrained(str(path)), str(path)
+    name = str(name_or_path)
+    hint = (f"download it first (e.g. `hf download {name} --local-dir ./{Path(name).name}`) and pass the local "
+            f"directory, e.g. load_model('./{Path(name).name}')")
+    try:
+        return AutoConfig.from_pretrained(name), name
+    except Exception as exc:  # noqa: BLE001 - any hub/cache failure becomes one clear message
+        if _offline():
+            raise ModelLoadError(f"{name!r} is not a local directory and the hub is offline (HF_HUB_OFFLINE=1); "
+                                 f"{hint}") from None
+        raise ModelLoadError(f"could not load a config for {name!r} ({type(exc).__name__}: {exc}); {hint}") from None
+
+
+def load_tokenizer(source: str) -> Any:
+    """The model's own tokenizer, or a clear error when the directory has none."""
+    from transformers import AutoTokenizer
+
+    if Path(source).is_dir() and not any((Path(source) / f).is_file() for f in _TOKENIZER_FILES):
+        raise TokenizerMissingError(
+            f"no tokenizer in {source!r} (looked for {', '.join(_TOKENIZER_FILES)}); save one there with "
+            "tokenizer.save_pretrained(dir), or pass tokenizer=... to load_model"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # noqa: BLE001
+        raise TokenizerMissingError(f"could not load the tokenizer of {source!r}: {exc}; pass tokenizer=...") from None
+
+
+def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None,
+               tokenizer: Any = None, **kwargs: Any) -> Any:
+    """Load a hooked model that answers the gather-aggregate protocol.
+
+    Args:
+        name_or_path: a local ``save_pretrained`` directory (or a hub name when online / cached).
+        device: e.g. ``"cpu"`` or ``"cuda"``; default CPU.
+        dtype: ``torch.float32`` (default), ``torch.bfloat16``, or a name such as ``"bf16"``.
+        tokenizer: use this tokenizer instead of the one saved with the model.
+        **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
+    """
+    config, source = _resolve_config(name_or_path)
+    dtype = parse_dtype(dtype)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(source)
+    model_type = getattr(config, "model_type", None)
+
+    if model_type in ssm_model_types():
+        from gather_aggregate.adapters import load_ssm
+
+        model = load_ssm(source, config, device=device, dtype=dtype, **kwargs)
+        model.tokenizer = tok
+        return model
+    if kwargs:
+        raise UnsupportedModelError(f"options {sorted(kwargs)} apply only to SSM/hybrid models, not {model_type!r}")
+
+    from gather_aggregate.bridge import BridgeModel, supported_architectures
+
+    archs = list(getattr(config, "architectures", None) or [])
+    if not any(a in supported_architectures() for a in archs):
+        raise UnsupportedModelError(_unsupported_message(model_type, archs))
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "float32")
+    if device is not None:
+        hf = hf.to(device)
+    return BridgeModel.from_hf(hf, tok, copy_model=False, name=str(name_or_path))
+
+
+def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None = None) -> Any:
+    """Hook an in-memory HF model without touching it (its weights are copied, never edited)."""
+    model_type = getattr(hf_model.config, "model_type", None)
+    if model_type in ssm_model_types():
+        from gather_aggregate.adapters import load_ssm
+
+        extra = {} if head_size is None else {"head_size": head_size}
+        model = load_ssm(hf_model, hf_model.config, **extra)
+        model.tokenizer = tokenizer
+        return model
+    from gather_aggregate.bridge import BridgeModel
+
+    return BridgeModel.from_hf(hf_model, tokenizer, copy_model=True)
+
+
+def _unsupported_message(model_type: Any, archs: list[str]) -> str:
+    from gather_aggregate.bridge import supported_architectures
+
+    return (f"model_type {model_type!r} (architectures {archs}) is not supported. Supported SSM/hybrid model types: "
+            f"{', '.join(sorted(ssm_model_types())) or '(none installed)'}; supported transformer architectures: "
+            f"{', '.join(supported_architectures())}")

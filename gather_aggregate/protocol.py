@@ -1,0 +1,393 @@
+"""The one small model protocol every analysis in gather-aggregate talks to.
+
+A *hooked model* is a transformer (a TransformerLens ``TransformerBridge``,
+wrapped by :class:`gather_aggregate.bridge.BridgeModel`), a hooked SSM or a
+hooked hybrid from :mod:`gather_aggregate.adapters`.  Analyses never reach into
+a model's internals; they only use what is listed here:
+
+=====================================  =======================================
+``model(tokens)``                      logits ``[batch, pos, vocab]``; also
+                                       ``start_at_layer`` / ``stop_at_layer``
+``model.layers``                       per layer: kind (``"attn"``/``"ssm"``),
+                                       ``n_heads``, ``d_head``, head hook name
+``model.head_hook(layer)``             ``(hook_name, head_axis)`` of the
+                                       per-head output ``[batch, pos, head, d_head]``
+``model.resid_hook(layer)``            hook name of the residual entering ``layer``
+``model.pattern(x, layer, heads, rows)``  ``[batch, head, query, key]``: softmax
+                                       attention, or SSM-implied attention
+``model.run_with_cache / run_with_hooks / hooks / to_tokens / tokenizer``
+=====================================  =======================================
+
+:class:`ProtocolMixin` implements the parts that are the same for every model
+(validation with clear errors, tokenisation, head bookkeeping), so that the
+concrete classes only supply the forward pass and the pattern computation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from jaxtyping import Float, Int
+    from torch import Tensor
+    from transformer_lens.ActivationCache import ActivationCache
+
+LayerKind = Literal["attn", "ssm"]
+Head = tuple[int, int]  # (layer, head)
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """What the analysis layer knows about one layer of a hooked model."""
+
+    index: int
+    kind: LayerKind
+    n_heads: int
+    d_head: int
+    head_hook: str  # hook of the per-head output, shape [batch, pos, head, d_head]
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("attn", "ssm"):
+            raise InputError(f"layer kind must be 'attn' or 'ssm', got {self.kind!r}")
+
+
+@runtime_checkable
+class HookedModel(Protocol):
+    """Structural type of every hooked model (see the module docstring)."""
+
+    tokenizer: Any
+
+    @property
+    def layers(self) -> list[LayerInfo]: ...
+
+    def __call__(self, tokens: Any, **kwargs: Any) -> Any: ...
+
+    def head_hook(self, layer: int) -> tuple[str, int]: ...
+
+    def resid_hook(self, layer: int) -> str: ...
+
+    def pattern(self, tokens_or_cache: Any, layer: int, heads: Any = None, rows: Any = None, **kwargs: Any) -> Any: ...
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def to_tokens(self, text: Any, **kwargs: Any) -> Any: ...
+
+
+class ProtocolMixin:
+    """Shared, model-agnostic half of the protocol.
+
+    Subclasses must provide ``layers``, ``tokenizer``, ``n_ctx`` (``None`` when
+    unbounded, as for SSMs), ``d_vocab``, ``forward``-style ``__call__``,
+    ``run_with_cache``, ``run_with_hooks``, ``hooks`` and ``_pattern``.
+    """
+
+    n_ctx: int | None
+    d_vocab: int
+    tokenizer: Any
+    #: Debug mode: check inputs and every hook output for NaN/inf.
+    check_finite: bool = False
+
+    # ---- layers and heads -------------------------------------------------
+    @property
+    def layers(self) -> list[LayerInfo]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def check_layer(self, layer: int) -> LayerInfo:
+        n = self.n_layers
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise InputError(f"layer must be an int, got {type(layer).__name__}")
+        if not -n <= layer < n:
+            raise IndexOutOfRangeError(f"layer {layer} is out of range: this model has {n} layers (0..{n - 1})")
+        return self.layers[layer % n]
+
+    def check_heads(self, layer: int, heads: int | Sequence[int] | None) -> list[int]:
+        """Normalise ``heads`` to a list of valid head indices of ``layer``."""
+        info = self.check_layer(layer)
+        if heads is None:
+            return list(range(info.n_heads))
+        hs = [heads] if isinstance(heads, int) else [int(h) for h in heads]
+        if not hs:
+            raise InputError(f"empty head set for layer {info.index}: pass heads=None for all heads")
+        bad = [h for h in hs if not 0 <= h < info.n_heads]
+        if bad:
+            raise IndexOutOfRangeError(
+                f"head(s) {bad} out of range for layer {info.index} ({info.kind}), which has "
+                f"{info.n_heads} heads (0..{info.n_heads - 1})"
+            )
+        return hs
+
+    def check_head_set(self, heads: Sequence[Head]) -> list[Head]:
+        """Validate a list of ``(layer, head)`` pairs; layers are made non-negative."""
+        out: list[Head] = []
+        for item in heads:
+            try:
+                layer, head = item
+            except (TypeError, ValueError):
+                raise InputError(f"heads must be (layer, head) pairs, got {item!r}") from None
+            info = self.check_layer(int(layer))
+            self.check_heads(info.index, [int(head)])
+            out.append((info.index, int(head)))
+        return out
+
+    def all_heads(self, kinds: Sequence[LayerKind] | None = None) -> list[Head]:
+        """Every ``(layer, head)`` of the model, optionally only of some layer kinds."""
+        return [
+            (info.index, h)
+            for info in self.layers
+            if kinds is None or info.kind in kinds
+            for h in range(info.n_heads)
+        ]
+
+    def head_hook(self, layer: int) -> tuple[str, int]:
+        """Hook name and head axis of ``layer``'s per-head output ``[batch, pos, head, d_head]``."""
+        return self.check_layer(layer).head_hook, 2
+
+    def resid_hook(self, layer: int) -> str:
+        """Hook of the residual stream entering ``layer`` (``start_at_layer`` resumes from it)."""
+        return f"blocks.{self.check_layer(layer).index}.hook_resid_pre"
+
+    @property
+    def device(self) -> torch.device:
+        return device_of(self)
+
+    # ---- tokens -----------------------------------------------------------
+    def to_tokens(self, text: str | Sequence[str], *, add_special_tokens: bool = True) -> Int[Tensor, "batch pos"]:
+        """Tokenise with the model's own tokenizer, right-padded.
+
+        Uses the tokenizer's native convention for special tokens (a Llama
+        tokenizer adds BOS, a GPT-2 or Mamba one does not), so that logits match
+        the HF model run on the same text.
+        """
+        import torch
+
+        if self.tokenizer is None:
+            raise InputError("this model has no tokenizer; pass token ids instead of text")
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise InputError("to_tokens got an empty list of texts")
+        ids = [self.tokenizer(t, add_special_tokens=add_special_tokens)["input_ids"] for t in texts]
+        if any(len(i) == 0 for i in ids):
+            raise InputError("a text tokenised to zero tokens; pass non-empty text")
+        width = max(len(i) for i in ids)
+        pad = self.pad_token_id
+        out = torch.full((len(ids), width), pad, dtype=torch.long)
+        for row, i in enumerate(ids):
+            out[row, : len(i)] = torch.tensor(i, dtype=torch.long)
+        return out.to(self.device)
+
+    def to_str_tokens(self, tokens: Any) -> list[str]:
+        """The string of each token of a 1-D token sequence (or a text)."""
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens)[0]
+        if hasattr(tokens, "dim") and tokens.dim() == 2:
+            if tokens.shape[0] != 1:
+                raise InputError("to_str_tokens takes one sequence; index the batch first")
+            tokens = tokens[0]
+        return [self.tokenizer.decode([int(t)]) for t in tokens]
+
+    @property
+    def pad_token_id(self) -> int:
+        tok = self.tokenizer
+        for attr in ("pad_token_id", "eos_token_id"):
+            value = getattr(tok, attr, None) if tok is not None else None
+            if value is not None:
+                return int(value)
+        return 0
+
+    def validate_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
+        """Turn text or ids into a valid ``[batch, pos]`` LongTensor, or raise a clear error."""
+        import torch
+
+        if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], str)):
+            return self.to_tokens(tokens)
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        if tokens.dim() != 2:
+            raise InputError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise InputError(
+                f"tokens must be integer ids, got dtype {tokens.dtype}; to feed a residual stream, "
+                "pass start_at_layer=..."
+            )
+        if tokens.shape[1] == 0:
+            raise InputError("tokens have zero positions")
+        if self.n_ctx is not None and tokens.shape[1] > self.n_ctx:
+            raise ContextLengthError(
+                f"prompt has {tokens.shape[1]} tokens but the model's context is {self.n_ctx}; "
+                "shorten the prompt (fewer few-shot examples or a smaller dictionary)"
+            )
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.d_vocab:
+            raise InputError(f"token ids must be in [0, {self.d_vocab}), got min {lo}, max {hi}")
+        return tokens.to(self.device).long()
+
+    def check_residual(self, resid: Any) -> None:
+        """Raise on NaN/inf in a float input (a residual stream fed with ``start_at_layer``)."""
+        import torch
+
+        if isinstance(resid, torch.Tensor) and resid.is_floating_point() and not torch.isfinite(resid).all():
+            raise NonFiniteError("the input contains NaN or inf values")
+
+    # ---- hooks ------------------------------------------------------------
+    @contextlib.contextmanager
+    def hooks_applied(self, fwd_hooks: Sequence[tuple[Any, Any]] = ()) -> Iterator[Any]:
+        """Context manager: add forward hooks, always remove them on exit (even on error)."""
+        with self.hooks(fwd_hooks=list(fwd_hooks)) as m:  # type: ignore[attr-defined]
+            yield m
+
+    # ---- patterns ---------------------------------------------------------
+    def pattern(
+        self,
+        tokens_or_cache: Any,
+        layer: int,
+        heads: int | Sequence[int] | None = None,
+        rows: int | Sequence[int] | Tensor | None = None,
+        *,
+        normalize: bool = False,
+        kind: Literal["auto", "softmax", "implied"] = "auto",
+        **kwargs: Any,
+    ) -> Float[Tensor, "batch head query key"]:
+        """Per-head attention ``[batch, head, query, key]`` of ``layer``.
+
+        * attention layers: the softmax pattern (rows sum to 1);
+        * SSM layers: the SSM-implied attention (signed, unnormalised), see
+          :mod:`gather_aggregate.adapters.implied`.
+
+        ``tokens_or_cache`` is token ids / text, or an ``ActivationCache`` that
+        holds the needed hooks.  ``heads`` selects heads (default all).  ``rows``
+        selects query positions: an int, a list shared by the batch, or a
+        ``[batch, n_rows]`` LongTensor of per-example positions (e.g. each
+        prompt's final token).  ``normalize=True`` returns the per-row
+        normalised ``|pattern|`` (what sharpness metrics use; a no-op for
+        softmax).  ``kind="softmax"`` on an SSM layer raises;
+        ``kind="implied"`` on an attention layer returns its softmax pattern.
+        Extra keyword arguments go to the SSM implementation.
+        """
+        info = self.check_layer(layer)
+        if kind not in ("auto", "softmax", "implied"):
+            raise InputError(f"kind must be 'auto', 'softmax' or 'implied', got {kind!r}")
+        if kind == "softmax" and info.kind == "ssm":
+            raise InputError(
+                f"layer {info.index} is an SSM layer and has no softmax pattern; use kind='implied' "
+                "(or the default 'auto') for its SSM-implied attention"
+            )
+        if kwargs and info.kind == "attn":
+            raise InputError(f"options {sorted(kwargs)} apply only to SSM layers; layer {info.index} is attention")
+        head_idx = self.check_heads(info.index, heads)
+        out = self._pattern(tokens_or_cache, info, head_idx, rows, **kwargs)
+        if normalize:
+            out = normalize_rows(out)
+        return out
+
+    def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
+        raise NotImplementedError  # pragma: no cover
+
+    def _seq_len_of(self, tokens_or_cache: Any) -> int:
+        from transformer_lens.ActivationCache import ActivationCache
+
+        if isinstance(tokens_or_cache, ActivationCache) or isinstance(tokens_or_cache, dict):
+            key = next(iter(tokens_or_cache.keys()))
+            return int(tokens_or_cache[key].shape[1])
+        return int(self.validate_tokens(tokens_or_cache).shape[1])
+
+
+def normalize_rows(pattern: Float[Tensor, "... key"], eps: float = 1e-12) -> Float[Tensor, "... key"]:
+    """Per-row normalised ``|pattern|``: ``|p| / sum_k |p|`` (rows of zeros stay zero)."""
+    mag = pattern.abs()
+    return mag / mag.sum(-1, keepdim=True).clamp_min(eps)
+
+
+def resolve_rows(rows: Any, batch: int, seq_len: int, device: Any = None) -> Int[Tensor, "batch n_rows"] | None:
+    """Normalise a ``rows`` argument to a ``[batch, n_rows]`` LongTensor (or ``None`` = all rows).
+
+    Negative positions count from the end, like Python indexing.
+    """
+    import torch
+
+    if rows is None:
+        return None
+    if isinstance(rows, int):
+        r = torch.tensor([[rows]] * batch, dtype=torch.long)
+    elif isinstance(rows, torch.Tensor):
+        r = rows.long()
+        if r.dim() == 0:
+            r = r.view(1, 1).expand(batch, 1)
+        elif r.dim() == 1:
+            r = r.view(1, -1).expand(batch, -1)
+        elif r.dim() != 2 or r.shape[0] != batch:
+            raise InputError(f"rows tensor must be [n_rows] or [batch={batch}, n_rows], got {tuple(r.shape)}")
+    else:
+        vals = [int(x) for x in rows]
+        if not vals:
+            raise InputError("rows is empty; pass rows=None for every query position")
+        r = torch.tensor(vals, dtype=torch.long).view(1, -1).expand(batch, -1)
+    r = torch.where(r < 0, r + seq_len, r)
+    if (r < 0).any() or (r >= seq_len).any():
+        raise IndexOutOfRangeError(
+            f"query row(s) out of range for a prompt of {seq_len} tokens: got {sorted(set(r.flatten().tolist()))}"
+        )
+    return r.to(device) if device is not None else r
+
+
+def gather_rows(full: Float[Tensor, "batch head query key"], rows: Tensor | None) -> Tensor:
+    """Select per-example query rows from a full pattern: ``[batch, head, n_rows, key]``."""
+    if rows is None:
+        return full
+    b, h, _, k = full.shape
+    idx = rows[:, None, :, None].expand(b, h, rows.shape[1], k)
+    return full.gather(2, idx)
+
+
+def param_checksum(model: Any) -> str:
+    """SHA-256 over every parameter and buffer (used to prove analyses never mutate a model)."""
+    import hashlib
+
+    import torch
+
+    module = getattr(model, "module", model)
+    h = hashlib.sha256()
+    for name, t in sorted(list(module.state_dict().items()), key=lambda kv: kv[0]):
+        h.update(name.encode())
+        if isinstance(t, torch.Tensor):
+            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def count_hooks(model: Any) -> int:
+    """Number of hook functions currently attached to the model's ``HookPoint``s.
+
+    (TransformerLens' bridge keeps a few internal torch hooks on its own
+    components; only hook points are where users and analyses attach hooks.)
+    """
+    from transformer_lens.hook_points import HookPoint
+
+    module = getattr(model, "module", model)
+    n = 0
+    for m in module.modules():
+        if isinstance(m, HookPoint):
+            n += len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+            n += len(getattr(m, "_backward_pre_hooks", {}))
+    return n
+
+
+def device_of(model: Any) -> torch.device:
+    import torch
+
+    module = getattr(model, "module", model)
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")

@@ -1,0 +1,67 @@
+"""Tiny offline models and tokenizers, for tests, docs and the quickstart.
+
+Nothing here touches the hub: tokenizers are trained with ``tokenizers`` on a
+few sentences and models are HF classes built from configs with random weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+_CORPUS = [
+    "Memorize the following dictionary:\napple:12\nriver:7\nstone:3\n\nThe value of the key 'river' is 7",
+    "Question: What is the color of the sky?\nA. blue\nB. green\nC. red\nD. yellow\nAnswer: A",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15",
+]
+
+
+def bpe_tokenizer(corpus: Iterable[str] = _CORPUS, vocab_size: int = 300) -> Any:
+    """A GPT-2-style byte-level BPE tokenizer trained offline on ``corpus``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(corpus), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def tiny_llama(*, seed: int = 0, vocab_size: int | None = None, tokenizer: Any = None, **overrides: Any) -> tuple[Any, Any]:
+    """A small random ``LlamaForCausalLM`` (GQA: 4 query heads, 2 KV heads) and a BPE tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tokenizer or bpe_tokenizer()
+    cfg = dict(vocab_size=vocab_size or len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+               tie_word_embeddings=False)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval(), tok
+
+
+def tiny_gpt2(*, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> tuple[Any, Any]:
+    """A small random ``GPT2LMHeadModel`` and a BPE tokenizer."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = tokenizer or bpe_tokenizer()
+    cfg = dict(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(**cfg)).eval(), tok
+
+
+def save_model_dir(hf_model: Any, tokenizer: Any, directory: str | Path) -> Path:
+    """``save_pretrained`` a model and its tokenizer side by side; returns the directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    return directory
