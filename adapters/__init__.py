@@ -1,0 +1,49 @@
+"""Hooked SSM models (Mamba-1, FalconMamba, Mamba-2), their weight converters and SSM-implied attention.
+
+Installed as ``gather_aggregate.adapters`` (the top-level folder ``adapters/``
+is mapped there by setuptools).  Importing this package is cheap: torch and
+TransformerLens load only when one of the names below is first used.
+
+* :func:`load_ssm` - HF directory / in-memory HF model / mamba-ssm checkpoint -> :class:`HookedSSM`
+* :mod:`.implied` - SSM-implied attention (pure functions)
+* :mod:`.masking` - :func:`mask_heads`, the paper's masking experiment for SSM and attention heads
+* :mod:`.scan` - chunked scans and their sequential references
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: HF ``model_type`` values served by :func:`load_ssm`.
+SSM_MODEL_TYPES: tuple[str, ...] = ("mamba", "falcon_mamba", "mamba2")
+#: HF ``model_type`` values of hybrids (attention + SSM layers); :func:`load_ssm` hands them to ``load_hybrid``.
+HYBRID_MODEL_TYPES: tuple[str, ...] = ("bamba", "jamba", "zamba2")
+
+_LAZY = {
+    "load_ssm": "gather_aggregate.adapters.convert",
+    "is_mamba_ssm_dir": "gather_aggregate.adapters.convert",
+    "HookedSSM": "gather_aggregate.adapters.model",
+    "SSMParams": "gather_aggregate.adapters.model",
+    "SSMConfig": "gather_aggregate.adapters.config",
+    "mask_heads": "gather_aggregate.adapters.masking",
+    "HookedHybrid": "gather_aggregate.adapters.hybrid",
+    "load_hybrid": "gather_aggregate.adapters.hybrid",
+    "mamba1_implied_attention": "gather_aggregate.adapters.implied",
+    "mamba2_implied_attention": "gather_aggregate.adapters.implied",
+}
+
+__all__ = ["SSM_MODEL_TYPES", "HYBRID_MODEL_TYPES", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gather_aggregate.adapters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,235 @@
+"""Weight converters: HF Mamba/FalconMamba/Mamba-2 and original mamba-ssm checkpoints -> ``HookedSSM``.
+
+Both layouts name the mixer tensors the same way; they differ in the embedding
+(``backbone.embeddings`` in HF, ``backbone.embedding`` in mamba-ssm) and in the
+config file.  mamba-ssm itself is never imported.
+
+=======================================  ====================================
+checkpoint key                           ``HookedSSM`` parameter
+=======================================  ====================================
+``backbone.embedding(s).weight``         ``embed.weight``
+``backbone.layers.{i}.norm.weight``      ``blocks.{i}.ln1.weight``
+``backbone.layers.{i}.mixer.conv1d.*``   ``blocks.{i}.ssm.conv_weight/_bias``
+``backbone.layers.{i}.mixer.<name>``     ``blocks.{i}.ssm.<name>`` (in_proj, x_proj,
+                                         dt_proj, dt_bias, A_log, D, norm, out_proj)
+``backbone.norm_f.weight``               ``ln_final.weight``
+``lm_head.weight``                       ``unembed.weight`` (ignored when tied)
+=======================================  ====================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gather_aggregate.adapters.config import (
+    SSMConfig,
+    config_from_hf,
+    config_from_mamba_ssm,
+    is_mamba_ssm_config,
+)
+from gather_aggregate.adapters.model import HookedSSM
+from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
+
+_LAYER = re.compile(r"^backbone\.layers\.(\d+)\.(norm|mixer)\.(.+)$")
+# FalconMamba's weightless norms carry dummy (non-persistent) weights; they are never loaded.
+_IGNORED_MIXER = ("dt_layernorm.weight", "b_layernorm.weight", "c_layernorm.weight")
+
+
+def map_key(key: str) -> str | None:
+    """Our parameter name for a checkpoint key (HF or mamba-ssm layout), or ``None`` if unknown."""
+    if key.startswith("model.") and not key.startswith("model.backbone"):
+        key = "backbone." + key[len("model."):]
+    if key in ("backbone.embeddings.weight", "backbone.embedding.weight"):
+        return "embed.weight"
+    if key == "backbone.norm_f.weight":
+        return "ln_final.weight"
+    if key == "lm_head.weight":
+        return "unembed.weight"
+    m = _LAYER.match(key)
+    if m is None:
+        return None
+    i, part, rest = m.groups()
+    if part == "norm":
+        return f"blocks.{i}.ln1.{rest}" if rest == "weight" else None
+    if rest in _IGNORED_MIXER:
+        return ""
+    rest = {"conv1d.weight": "conv_weight", "conv1d.bias": "conv_bias"}.get(rest, rest)
+    return f"blocks.{i}.ssm.{rest}"
+
+
+def convert_state_dict(state_dict: dict[str, Tensor], model: HookedSSM) -> dict[str, Tensor]:
+    """Rename a checkpoint's tensors to ours; raise :class:`CheckpointError` listing every problem."""
+    ours = dict(model.state_dict())
+    out: dict[str, Tensor] = {}
+    unexpected: list[str] = []
+    for key, value in state_dict.items():
+        name = map_key(key)
+        if name == "":
+            continue
+        if name == "unembed.weight" and model.cfg.tie_embeddings:
+            continue  # tied: the unembedding is the embedding
+        if name is None or name not in ours:
+            unexpected.append(key)
+            continue
+        out[name] = value
+    missing = sorted(k for k in ours if k not in out)
+    shaped = [f"{k}: checkpoint {tuple(out[k].shape)} vs expected {tuple(ours[k].shape)}"
+              for k in sorted(out) if tuple(out[k].shape) != tuple(ours[k].shape)]
+    if missing or unexpected or shaped:
+        parts = []
+        if missing:
+            parts.append(f"missing keys ({len(missing)}): {_listing(_ckpt_names(missing))}")
+        if shaped:
+            parts.append(f"mis-shaped keys ({len(shaped)}): {_listing(shaped)}")
+        if unexpected:
+            parts.append(f"unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
+        raise CheckpointError(
+            "checkpoint does not match its config (" + f"{model.cfg.model_type}, {model.cfg.n_layers} layers, "
+            f"d_model={model.cfg.d_model}, d_inner={model.cfg.d_inner}, d_state={model.cfg.d_state}): "
+            + "; ".join(parts) + ". Check that config.json belongs to these weights (tie_word_embeddings, "
+            "state_size, expand, n_groups, num_hidden_layers)."
+        )
+    return out
+
+
+def _ckpt_names(ours: list[str]) -> list[str]:
+    inverse = {"embed.weight": "backbone.embeddings.weight", "ln_final.weight": "backbone.norm_f.weight",
+               "unembed.weight": "lm_head.weight"}
+    names = []
+    for k in ours:
+        if k in inverse:
+            names.append(inverse[k])
+            continue
+        m = re.match(r"blocks\.(\d+)\.(ln1|ssm)\.(.+)", k)
+        if m:
+            i, part, rest = m.groups()
+            rest = {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias"}.get(rest, rest)
+            names.append(f"backbone.layers.{i}.{'norm' if part == 'ln1' else 'mixer'}.{rest}")
+        else:  # pragma: no cover
+            names.append(k)
+    return names
+
+
+def _listing(items: list[str], limit: int = 12) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def build_model(cfg: SSMConfig, state_dict: dict[str, Tensor], *, device: Any = None,
+                dtype: torch.dtype | None = None) -> HookedSSM:
+    """A ``HookedSSM`` holding copies of the checkpoint's tensors (the source is never modified)."""
+    with torch.device("meta"):
+        model = HookedSSM(cfg)
+    converted = convert_state_dict(state_dict, model)
+    target_dtype = dtype or torch.float32
+    model = model.to_empty(device=device or "cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(converted[name].to(device=p.device))
+    model = model.to(dtype=target_dtype)
+    model.setup()
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------- files
+def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
+    """All tensors of a checkpoint directory (safetensors, sharded safetensors, or pytorch_model.bin)."""
+    d = Path(directory)
+    files: list[Path] = []
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (d / index).is_file():
+            shards = sorted(set(json.loads((d / index).read_text())["weight_map"].values()))
+            files = [d / s for s in shards]
+            break
+    if not files:
+        for single in ("model.safetensors", "pytorch_model.bin"):
+            if (d / single).is_file():
+                files = [d / single]
+                break
+    if not files:
+        raise ModelLoadError(
+            f"no weights in {str(d)!r} (looked for model.safetensors, pytorch_model.bin and their .index.json); "
+            "save the model with model.save_pretrained(dir) or torch.save(model.state_dict(), dir/'pytorch_model.bin')"
+        )
+    out: dict[str, Tensor] = {}
+    for f in files:
+        if not f.is_file():
+            raise ModelLoadError(f"checkpoint shard {str(f)!r} listed in the index is missing; re-download it")
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            out.update(load_file(str(f)))
+        else:
+            out.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    return out
+
+
+def _raw_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{str(directory)!r} has no config.json; save the model there with save_pretrained")
+    return json.loads(path.read_text())
+
+
+def is_mamba_ssm_dir(path: str | Path) -> bool:
+    """True for a directory holding an original mamba-ssm checkpoint (config.json without ``model_type``)."""
+    p = Path(path)
+    try:
+        return p.is_dir() and is_mamba_ssm_config(_raw_config(p))
+    except (ModelLoadError, json.JSONDecodeError):
+        return False
+
+
+def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, dtype: torch.dtype | None = None,
+             head_size: int | None = None) -> HookedSSM:
+    """Load a hooked Mamba-1 / FalconMamba / Mamba-2 model.
+
+    Args:
+        path_or_hf_model: a ``save_pretrained`` directory, a directory with an
+            original mamba-ssm checkpoint (``config.json`` + ``pytorch_model.bin``),
+            or an in-memory HF ``MambaForCausalLM`` / ``FalconMambaForCausalLM`` /
+            ``Mamba2ForCausalLM`` (its weights are copied, never modified).
+        config: the HF config (``None``: read from the directory / model).  A
+            mamba-ssm ``config.json`` dict is accepted too.
+        device, dtype: where and in which dtype to build the model (default CPU;
+            fp32, or the in-memory model's dtype).
+        head_size: Mamba-1 only: channels per head (default 1, the paper's
+            convention); must divide ``d_inner``.
+    """
+    from gather_aggregate.adapters.hybrid import hybrid_model_type, load_hybrid
+
+    if hybrid_model_type(path_or_hf_model, config) is not None:  # attention + SSM layers: HookedHybrid
+        extra = {} if head_size is None else {"head_size": head_size}
+        return load_hybrid(path_or_hf_model, config, device=device, dtype=dtype, **extra)
+    if isinstance(path_or_hf_model, nn.Module):
+        hf = path_or_hf_model
+        cfg = config_from_hf(config if config is not None else hf.config, head_size=head_size)
+        if dtype is None:
+            dtype = next(hf.parameters()).dtype
+        if device is None:
+            device = next(hf.parameters()).device
+        return build_model(cfg, {k: v.detach() for k, v in hf.state_dict().items()}, device=device, dtype=dtype)
+    if not isinstance(path_or_hf_model, (str, Path)):
+        raise InputError(
+            f"load_ssm takes a checkpoint directory or an HF model, got {type(path_or_hf_model).__name__}"
+        )
+    directory = Path(path_or_hf_model).expanduser()
+    if not directory.is_dir():
+        raise ModelLoadError(f"{str(directory)!r} is not a directory; pass the folder that holds config.json")
+    if config is None or isinstance(config, dict):
+        raw = config if isinstance(config, dict) else _raw_config(directory)
+        if is_mamba_ssm_config(raw):
+            sd = read_state_dict(directory)
+            cfg = config_from_mamba_ssm(raw, {k: tuple(v.shape) for k, v in sd.items()}, head_size=head_size)
+            return build_model(cfg, sd, device=device, dtype=dtype)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(directory))
+    cfg = config_from_hf(config, head_size=head_size)
+    return build_model(cfg, read_state_dict(directory), device=device, dtype=dtype)

@@ -1,0 +1,183 @@
+"""Masked heads: the paper's masking experiment, for SSM heads and attention heads alike.
+
+``with mask_heads(model, heads=[(layer, head), ...], mask=M): model(tokens)``
+restricts what the chosen heads may read:
+
+* **SSM heads** (Mamba-1 channel groups, Mamba-2 heads): their SSM output is
+  recomputed as ``y_h = (α_h ⊙ M) @ x_h + D_h ∘ x_h`` (evaluated as
+  ``y_h - (α_h ⊙ (1 - M)) @ x_h``, the same quantity) from the same forward's
+  ``hook_dt/B/C/x`` (α is the implied attention of
+  :mod:`gather_aggregate.adapters.implied`) and written into ``hook_y``; it
+  then flows through the gating, the gated norm (Mamba-2) and ``out_proj`` as
+  usual.  The ``D ∘ x`` skip term is a position's own input and is never masked.
+* **Attention heads**: the softmax pattern ``blocks.{L}.attn.hook_pattern`` of
+  each chosen head is multiplied by ``M``.
+
+Rows are **not renormalised** after masking (as in the paper, which zeroed
+entries without renormalising); a masked softmax row sums to less than 1.
+
+``M`` is ``[batch, query, key]`` (shared by every listed head) or
+``[batch, n_listed_heads, query, key]`` (one per listed head, in the order of
+``heads``), with values in ``[0, 1]``; build it per example from a task's
+segment annotations.  An all-ones mask reproduces the unmasked forward.  Hooks
+are removed on exit, even on exceptions.
+
+For a Mamba-2 layer the gated RMSNorm mixes the heads of a norm group, so
+masking head ``h`` changes only ``h`` in ``hook_y`` but rescales its norm
+group-mates in ``hook_head_out`` (exactly as a change of ``h``'s output would).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from gather_aggregate.errors import InputError
+
+
+def _check_mask(mask: Any, n_listed: int) -> Tensor:
+    if not isinstance(mask, Tensor):
+        raise InputError(f"mask must be a torch.Tensor [batch, query, key], got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        mask = mask.float()
+    if not mask.is_floating_point():
+        raise InputError(f"mask must be float or bool with values in [0, 1], got dtype {mask.dtype}")
+    if mask.dim() == 3:
+        mask = mask[:, None]
+    elif mask.dim() != 4 or mask.shape[1] != n_listed:
+        raise InputError(
+            f"mask must be [batch, query, key] or [batch, {n_listed} (one per listed head), query, key], "
+            f"got {tuple(mask.shape)}"
+        )
+    if mask.shape[-1] != mask.shape[-2]:
+        raise InputError(f"mask must be square over (query, key), got {tuple(mask.shape[-2:])}")
+    if not bool(torch.isfinite(mask).all()) or bool((mask < 0).any()) or bool((mask > 1).any()):
+        raise InputError(
+            f"mask values must lie in [0, 1] (got min {float(mask.min()):.3g}, max {float(mask.max()):.3g}); "
+            "use 1 to keep an entry and 0 to remove it"
+        )
+    return mask
+
+
+def _fit(mask: Tensor, act: Tensor, batch: int, L: int, hook_name: str) -> Tensor:
+    if mask.shape[0] != batch or mask.shape[-1] != L:
+        raise InputError(
+            f"mask is for batch {mask.shape[0]} x {mask.shape[-1]} positions but {hook_name} sees batch {batch} x "
+            f"{L} positions; build the mask from the same tokens you run"
+        )
+    return mask.to(device=act.device)
+
+
+def masked_ssm_output(
+    y: Float[Tensor, "batch pos d_inner"],
+    x: Float[Tensor, "batch pos d_inner"],
+    dt: Tensor,
+    B: Tensor,
+    C: Tensor,
+    params: Any,
+    heads: list[int],
+    masks: Float[Tensor, "batch n_heads query key"],
+    max_bytes: int,
+) -> Float[Tensor, "batch pos d_inner"]:
+    """``y`` with the listed heads replaced by ``(α_h ⊙ M_h) @ x_h + D_h ∘ x_h``.
+
+    Computed as ``y_h - (α_h ⊙ (1 - M_h)) @ x_h``: the same quantity (because
+    ``y_h = α_h @ x_h + D_h ∘ x_h``), but an all-ones mask returns ``y``
+    bit for bit and the kept part keeps the scan's exact value.
+    """
+    from gather_aggregate.adapters import implied
+
+    b, L, _ = y.shape
+    out = y.clone()
+    removed = 1.0 - masks
+    if params.family == "mamba2":
+        P = params.d_head
+        alpha = implied.mamba2_implied_attention(dt, params.A.to(dt.device), B, C, heads=heads, max_bytes=max_bytes)
+        xh = x.float().view(b, L, params.n_heads, P)[:, :, heads]  # [b, L, k, P]
+        cut = torch.einsum("bkts,bskp->btkp", alpha * removed, xh)
+        for j, h in enumerate(heads):
+            out[:, :, h * P:(h + 1) * P] = out[:, :, h * P:(h + 1) * P] - cut[:, :, j].to(out.dtype)
+        return out
+    hs = params.d_head
+    channels = [h * hs + c for h in heads for c in range(hs)]
+    alpha = implied.mamba1_implied_attention(dt, params.A.to(dt.device), B, C, heads=channels, head_size=1,
+                                             max_bytes=max_bytes)  # [b, n_ch, L, L]
+    cut = torch.einsum("bcts,bsc->btc", alpha * removed.repeat_interleave(hs, 1), x.float()[:, :, channels])
+    out[:, :, channels] = out[:, :, channels] - cut.to(out.dtype)
+    return out
+
+
+@contextlib.contextmanager
+def mask_heads(model: Any, heads: Sequence[tuple[int, int]], mask: Tensor, *,
+               max_bytes: int | None = None) -> Iterator[Any]:
+    """Context manager: run ``model`` with the listed heads' attention (implied or softmax) masked.
+
+    Args:
+        model: any hooked model of the project (``HookedSSM``, a bridge model, a hybrid).
+        heads: ``(layer, head)`` pairs; SSM and attention layers may be mixed.
+        mask: ``[batch, query, key]`` or ``[batch, len(heads), query, key]`` in ``[0, 1]``.
+        max_bytes: memory budget for the SSM recomputation (default ``model.max_pattern_bytes``).
+    """
+    pairs = model.check_head_set(list(heads))
+    if not pairs:
+        raise InputError("heads is empty; list (layer, head) pairs to mask")
+    if len(set(pairs)) != len(pairs):
+        raise InputError(f"heads lists a head twice: {pairs}")
+    m = _check_mask(mask, len(pairs))
+    per_head = m.shape[1] > 1
+    budget = int(max_bytes if max_bytes is not None else getattr(model, "max_pattern_bytes", 2 * 1024**3))
+    by_layer: dict[int, list[tuple[int, int]]] = defaultdict(list)  # layer -> [(head, mask index)]
+    for j, (layer, head) in enumerate(pairs):
+        by_layer[layer].append((head, j if per_head else 0))
+
+    fwd_hooks: list[tuple[str, Any]] = []
+    for layer, items in by_layer.items():
+        kind = model.layers[layer].kind
+        hs = [h for h, _ in items]
+        idx = [j for _, j in items]
+        if kind == "attn":
+            fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", _attn_hook(m, hs, idx)))
+        else:
+            store: dict[str, Tensor] = {}
+            prefix = f"blocks.{layer}.ssm."
+            for name in ("hook_x", "hook_dt", "hook_B", "hook_C"):
+                fwd_hooks.append((prefix + name, _capture(store, name)))
+            fwd_hooks.append((prefix + "hook_y", _ssm_hook(model, layer, store, m, hs, idx, budget)))
+    with model.hooks(fwd_hooks=fwd_hooks):
+        yield model
+
+
+def _capture(store: dict[str, Tensor], key: str) -> Any:
+    def hook(act: Tensor, hook: Any) -> None:
+        store[key] = act
+
+    return hook
+
+
+def _ssm_hook(model: Any, layer: int, store: dict[str, Tensor], mask: Tensor, heads: list[int], idx: list[int],
+              budget: int) -> Any:
+    def hook(y: Tensor, hook: Any) -> Tensor:
+        b, L, _ = y.shape
+        masks = _fit(mask, y, b, L, hook.name)[:, idx].float()
+        params = model.ssm_layer_params(layer)
+        return masked_ssm_output(y, store["hook_x"], store["hook_dt"], store["hook_B"], store["hook_C"], params,
+                                 heads, masks, budget)
+
+    return hook
+
+
+def _attn_hook(mask: Tensor, heads: list[int], idx: list[int]) -> Any:
+    def hook(pattern: Tensor, hook: Any) -> Tensor:
+        b, _, q, k = pattern.shape
+        masks = _fit(mask, pattern, b, k, hook.name)[:, idx]
+        out = pattern.clone()
+        out[:, heads] = pattern[:, heads] * masks[..., -q:, :].to(pattern.dtype)
+        return out
+
+    return hook
