@@ -1,0 +1,326 @@
+"""Annotated examples: prompts that carry their own segment structure.
+
+Every task produces :class:`Example` objects.  Besides the prompt and its token
+ids, an example says *where* its segments are (dictionary lines, answer
+options), which token summarises each segment, which segment is the right one,
+where the model is queried and what the answer candidates are.  Gather /
+Aggregate scores, masks and head scans read only these fields, so nothing
+downstream hard-codes a position.
+
+Tasks are built in two steps:
+
+1. a task writes tokenizer-free :class:`PromptSpec` s (prompt text, character
+   spans of the segments, candidate answers), seeded and reproducible;
+2. :func:`annotate` tokenises a spec with the *model's* tokenizer and maps the
+   character spans to token spans through the tokenizer's offset mapping, so
+   keys, values and options may span any number of tokens.
+
+Conventions (all positions are token positions in ``input_ids``):
+
+* ``input_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]`` —
+  the tokenizer's native special-token convention (what
+  ``ProtocolMixin.to_tokens`` does);
+* ``Segment(start, end, summary, label, text)``: ``start`` inclusive, ``end``
+  exclusive, ``summary == end - 1`` (the segment's last token, normally its
+  ``\\n``); a token that straddles a segment boundary belongs to both sides;
+* ``query_pos = len(input_ids) - 1``: the logits read at this position score
+  the candidates;
+* ``candidates[i]`` is an answer text without the leading space; the model is
+  scored on the continuation ``" " + candidates[i]`` whose token ids are
+  ``candidate_ids[i]`` (tokenised in context: ids of ``prompt + continuation``
+  past the prompt's ids);
+* ``correct`` indexes ``segments`` (``-1`` when the prompt has no segment that
+  holds the answer, e.g. a plain knowledge query); ``answer`` indexes
+  ``candidates``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gather_aggregate.errors import ContextLengthError, TaskError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jaxtyping import Bool, Int
+    from torch import Tensor
+
+
+# --------------------------------------------------------------------------
+# annotation types (the contract with the rest of the project)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Segment:
+    """One segment of a prompt, in token positions: ``input_ids[start:end]``."""
+
+    start: int  # first token (inclusive)
+    end: int  # one past the last token (exclusive)
+    summary: int  # the segment's last token (end - 1), typically the newline
+    label: str  # e.g. the dictionary key, or the option letter
+    text: str  # the segment's exact prompt text, e.g. "apple:12\n" or "B. Access Point\n"
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Example:
+    """One annotated prompt (see the module docstring for every convention)."""
+
+    prompt: str
+    input_ids: list[int]
+    segments: list[Segment]
+    correct: int  # index into segments, -1 if none
+    query_pos: int  # position whose next-token logits score the candidates
+    candidates: list[str]  # answer texts (continuation = " " + text)
+    candidate_ids: list[list[int]]  # continuation token ids of each candidate
+    answer: int  # index into candidates
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def continuations(self) -> list[str]:
+        """The scored continuation strings (``" " + candidate``)."""
+        return [" " + c for c in self.candidates]
+
+    @property
+    def correct_segment(self) -> Segment | None:
+        return self.segments[self.correct] if self.correct >= 0 else None
+
+    @property
+    def single_token(self) -> bool:
+        """True when every candidate is one token (one forward scores them all)."""
+        return all(len(c) == 1 for c in self.candidate_ids)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A tokenizer-free example: text plus character spans.
+
+    ``segments`` are ``(char_start, char_end, label)`` in ``prompt``;
+    ``required`` are extra character spans (e.g. each key inside its line)
+    that must cover at least one token, so a key that tokenises to nothing is
+    caught.  ``size_knob = (name, value, char_start, char_end)`` names the
+    task parameter that sets the prompt length and the characters its
+    ``value`` units fill (e.g. ``("n_pairs", 30, ...)`` over the dictionary
+    lines), so a too-long prompt can say which size to lower, and to what.
+    """
+
+    prompt: str
+    segments: list[tuple[int, int, str]]
+    correct: int
+    candidates: list[str]
+    answer: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    required: list[tuple[int, int, str]] = field(default_factory=list)
+    size_knob: tuple[str, int, int, int] | None = None
+
+
+# --------------------------------------------------------------------------
+# tokenisation: character spans -> token spans
+# --------------------------------------------------------------------------
+def _encode(tokenizer: Any, text: str, *, offsets: bool) -> dict[str, Any]:
+    try:
+        return tokenizer(text, add_special_tokens=True, return_offsets_mapping=offsets)
+    except NotImplementedError:
+        raise TaskError(
+            "this tokenizer cannot return character offsets (a slow Python tokenizer); "
+            "load the fast tokenizer (use_fast=True / PreTrainedTokenizerFast) so spans can be computed"
+        ) from None
+
+
+def char_span_to_tokens(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """Token span ``[first, last + 1)`` of every token overlapping characters ``[start, end)``.
+
+    Special tokens (empty offsets) never overlap.  Returns ``(k, k)`` (empty)
+    when no token covers the characters.
+    """
+    hits = [i for i, (s, e) in enumerate(offsets) if e > s and e > start and s < end]
+    if not hits:
+        return 0, 0
+    return hits[0], hits[-1] + 1
+
+
+def continuation_ids(tokenizer: Any, prompt: str, prompt_ids: list[int], continuation: str) -> list[int]:
+    """Token ids of ``continuation`` as the model sees it right after ``prompt``.
+
+    Tokenised in context (``prompt + continuation`` minus the prompt's ids), so
+    BPE merges and SentencePiece space handling match generation; falls back to
+    tokenising the continuation alone when the prompt's ids are not a prefix.
+    """
+    full = list(tokenizer(prompt + continuation, add_special_tokens=True)["input_ids"])
+    n = len(prompt_ids)
+    if full[:n] == list(prompt_ids) and len(full) > n:
+        return full[n:]
+    return list(tokenizer(continuation, add_special_tokens=False)["input_ids"])
+
+
+def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
+    """Tokenise ``spec`` with ``tokenizer`` and turn character spans into token spans."""
+    if tokenizer is None:
+        raise TaskError("a tokenizer is needed to build examples; pass model.tokenizer")
+    enc = _encode(tokenizer, spec.prompt, offsets=True)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    if not ids:
+        raise TaskError("the prompt tokenised to zero tokens; check the tokenizer and the task's text")
+    for cs, ce, what in spec.required:
+        a, b = char_span_to_tokens(offsets, cs, ce)
+        if b <= a:
+            raise TaskError(
+                f"{what} {spec.prompt[cs:ce]!r} tokenises to nothing with this tokenizer; "
+                "remove it from the vocabulary or use words the tokenizer knows"
+            )
+    segments = []
+    for cs, ce, label in spec.segments:
+        a, b = char_span_to_tokens(offsets, cs, ce)
+        if b <= a:
+            raise TaskError(
+                f"segment {label!r} ({spec.prompt[cs:ce]!r}) tokenises to nothing with this tokenizer; "
+                "use segment text the tokenizer can encode"
+            )
+        segments.append(Segment(start=a, end=b, summary=b - 1, label=label, text=spec.prompt[cs:ce]))
+    cand_ids = [continuation_ids(tokenizer, spec.prompt, ids, " " + c) for c in spec.candidates]
+    for c, ci in zip(spec.candidates, cand_ids, strict=True):
+        if not ci:
+            raise TaskError(f"answer candidate {c!r} tokenises to nothing; use candidates the tokenizer can encode")
+    if len({tuple(c) for c in cand_ids}) != len(cand_ids):
+        raise TaskError(
+            "two answer candidates tokenise to the same ids (e.g. both unknown to a word-level "
+            "tokenizer); add the candidate words to the tokenizer's vocabulary"
+        )
+    meta = dict(spec.meta)
+    if spec.size_knob is not None:
+        name, value, cs, ce = spec.size_knob
+        a, b = char_span_to_tokens(offsets, cs, ce)
+        meta["size_knob"] = (name, int(value), b - a)  # (parameter, value, tokens its units fill)
+    return Example(
+        prompt=spec.prompt,
+        input_ids=ids,
+        segments=segments,
+        correct=spec.correct,
+        query_pos=len(ids) - 1,
+        candidates=list(spec.candidates),
+        candidate_ids=cand_ids,
+        answer=spec.answer,
+        meta=meta,
+    )
+
+
+def check_context(examples: Sequence[Example], n_ctx: int | None, *, extra: int = 0) -> None:
+    """Raise :class:`ContextLengthError` naming the size to lower if a prompt does not fit.
+
+    ``extra`` counts tokens appended after the prompt (multi-token continuations).
+    """
+    if n_ctx is None:
+        return
+    for i, ex in enumerate(examples):
+        length = len(ex.input_ids) + extra
+        if length <= n_ctx:
+            continue
+        knob = ex.meta.get("size_knob")
+        if knob is None:
+            hint = "use shorter prompts"
+        else:
+            name, value, unit_tokens = knob
+            if value <= 0 or unit_tokens <= 0:
+                hint = f"even with {name}={value} the prompt is too long; use shorter texts or a longer-context model"
+            else:
+                per_unit = unit_tokens / value
+                fits = value - math.ceil((length - n_ctx) / per_unit)
+                hint = f"lower {name} (now {value}) to at most about {max(fits, 0)}"
+        raise ContextLengthError(
+            f"example {i} has {length} tokens but the model's context is {n_ctx}; {hint}"
+        )
+
+
+# --------------------------------------------------------------------------
+# batches
+# --------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Right-padded tensors of a list of examples (no attention mask needed for causal models).
+
+    ``seg_*`` are ``[batch, max_segments]`` padded with ``-1`` (``seg_mask``
+    says which are real).  ``correct_summary`` is the summary position of each
+    example's correct segment (``-1`` if none).  ``cand_ids`` is
+    ``[batch, max_candidates]`` holding the *first* token of each candidate,
+    padded with ``-1`` (``cand_mask``), which is all that single-token scoring
+    needs.
+    """
+
+    examples: list[Example]
+    tokens: Int[Tensor, "batch pos"]
+    lengths: Int[Tensor, " batch"]
+    query_pos: Int[Tensor, " batch"]
+    correct: Int[Tensor, " batch"]
+    correct_summary: Int[Tensor, " batch"]
+    seg_start: Int[Tensor, "batch seg"]
+    seg_end: Int[Tensor, "batch seg"]
+    seg_summary: Int[Tensor, "batch seg"]
+    seg_mask: Bool[Tensor, "batch seg"]
+    answer: Int[Tensor, " batch"]
+    cand_ids: Int[Tensor, "batch cand"]
+    cand_mask: Bool[Tensor, "batch cand"]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def to(self, device: Any) -> Batch:
+        for name, value in list(vars(self).items()):
+            if hasattr(value, "to"):
+                setattr(self, name, value.to(device))
+        return self
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its eos id, else 0."""
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def collate(examples: Sequence[Example], pad_id: int = 0, *, device: Any = None) -> Batch:
+    """Right-pad ``examples`` into a :class:`Batch`."""
+    import torch
+
+    examples = list(examples)
+    if not examples:
+        raise TaskError("cannot batch an empty list of examples; build the task with n >= 1")
+    b = len(examples)
+    width = max(len(e.input_ids) for e in examples)
+    n_seg = max(1, max(len(e.segments) for e in examples))
+    n_cand = max(len(e.candidates) for e in examples)
+    tokens = torch.full((b, width), int(pad_id), dtype=torch.long)
+    seg = torch.full((3, b, n_seg), -1, dtype=torch.long)
+    cand = torch.full((b, n_cand), -1, dtype=torch.long)
+    for i, e in enumerate(examples):
+        tokens[i, : len(e.input_ids)] = torch.tensor(e.input_ids, dtype=torch.long)
+        for j, s in enumerate(e.segments):
+            seg[:, i, j] = torch.tensor([s.start, s.end, s.summary])
+        for j, c in enumerate(e.candidate_ids):
+            cand[i, j] = c[0]
+    batch = Batch(
+        examples=examples,
+        tokens=tokens,
+        lengths=torch.tensor([len(e.input_ids) for e in examples]),
+        query_pos=torch.tensor([e.query_pos for e in examples]),
+        correct=torch.tensor([e.correct for e in examples]),
+        correct_summary=torch.tensor(
+            [e.segments[e.correct].summary if e.correct >= 0 else -1 for e in examples]
+        ),
+        seg_start=seg[0],
+        seg_end=seg[1],
+        seg_summary=seg[2],
+        seg_mask=seg[0] >= 0,
+        answer=torch.tensor([e.answer for e in examples]),
+        cand_ids=cand,
+        cand_mask=cand >= 0,
+    )
+    return batch.to(device) if device is not None else batch
