@@ -1,0 +1,61 @@
+"""Figures and attention views that work offline.
+
+* attention views over circuitsvis with the JavaScript inlined
+  (:mod:`~gather_aggregate.viz.attention`), long prompts shrunk by
+  :mod:`~gather_aggregate.viz.fit`;
+* plotly figures, each returning a ``go.Figure``: head-score heatmaps
+  (:mod:`~gather_aggregate.viz.heatmaps`), cumulative ablation, KV accuracy and
+  layer-pruning curves (:mod:`~gather_aggregate.viz.curves`) and the
+  sharp-vs-smooth figure (:mod:`~gather_aggregate.viz.sharpness`).
+
+Names are imported on first use, so ``import gather_aggregate.viz`` is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY: dict[str, str] = {
+    "AttentionView": "gather_aggregate.viz.attention",
+    "attention_heads": "gather_aggregate.viz.attention",
+    "attention_pattern": "gather_aggregate.viz.attention",
+    "attention_row_view": "gather_aggregate.viz.attention",
+    "fit_pattern": "gather_aggregate.viz.fit",
+    "FittedPattern": "gather_aggregate.viz.fit",
+    "head_score_heatmap": "gather_aggregate.viz.heatmaps",
+    "head_score_heatmaps": "gather_aggregate.viz.heatmaps",
+    "cumulative_ablation_curve": "gather_aggregate.viz.curves",
+    "kv_accuracy_curve": "gather_aggregate.viz.curves",
+    "layer_pruning_curve": "gather_aggregate.viz.curves",
+    "sharp_vs_smooth": "gather_aggregate.viz.sharpness",
+    "row_stats": "gather_aggregate.viz.sharpness",
+}
+
+__all__ = list(_LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover
+    # re-exported lazily by __getattr__ below
+    from gather_aggregate.viz.attention import (  # noqa: F401
+        AttentionView,
+        attention_heads,
+        attention_pattern,
+        attention_row_view,
+    )
+    from gather_aggregate.viz.curves import cumulative_ablation_curve, kv_accuracy_curve, layer_pruning_curve  # noqa: F401
+    from gather_aggregate.viz.fit import FittedPattern, fit_pattern  # noqa: F401
+    from gather_aggregate.viz.heatmaps import head_score_heatmap, head_score_heatmaps  # noqa: F401
+    from gather_aggregate.viz.sharpness import row_stats, sharp_vs_smooth  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gather_aggregate.viz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
