@@ -1,0 +1,92 @@
+"""Head-scan speed and fidelity, side by side in one run.
+
+For each model, on the same prompts and metric (mean log-prob of the right
+answer on KV-retrieval):
+
+* naive loop: one full ``run_with_hooks`` per head (TransformerLens'
+  ``patching`` style) — the anchor;
+* exact scan: cached prefix per layer + batched per-copy ablations;
+* AtP: one forward + one backward.
+
+Prints a markdown table: times, exact-vs-naive speed-up and max score
+difference, AtP-vs-exact speed-up, Spearman ρ and top-5 overlap.
+
+    python benchmarks/bench_scan.py                      # shipped zoo models (or a random Llama if none)
+    python benchmarks/bench_scan.py --models llama-ga mamba2-ga --n 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _time(fn, repeats: int = 1):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def bench_model(name: str, n: int, dict_size: int | None, threads: int) -> dict:
+    import torch
+
+    from gather_aggregate import load_model
+    from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
+    from gather_aggregate.tasks.registry import get_task
+    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.zoo import list_zoo
+
+    torch.set_num_threads(threads)
+    path = list_zoo().get(name)
+    if path is None:
+        import tempfile
+
+        from gather_aggregate.testing import save_model_dir, tiny_llama
+
+        hf, tok = tiny_llama(num_hidden_layers=4)
+        path = save_model_dir(hf, tok, tempfile.mkdtemp())
+    model = load_model(path)
+    kw = {"n_pairs": dict_size} if dict_size else {}
+    task = get_task("kv", model_dir=path, **kw)
+    examples = task.examples(model.tokenizer, n=n, seed=0)
+    tokens, metric = task_metric(model, examples)
+    t_naive, naive = _time(lambda: naive_scan(model, tokens, metric))
+    t_exact, exact = _time(lambda: exact_scan(model, tokens, metric, progress=False))
+    t_atp, atp = _time(lambda: atp_scan(model, tokens, metric), repeats=3)
+    diff = max(abs(exact.score(*hd) - naive.score(*hd)) for hd in model.all_heads())
+    cmp = compare_rankings(exact, atp, k=5)
+    return {"model": name, "heads": len(model.all_heads()), "prompts": tuple(tokens.shape),
+            "naive_s": t_naive, "exact_s": t_exact, "atp_s": t_atp,
+            "exact_speedup": t_naive / t_exact, "max_abs_diff": diff,
+            "atp_speedup_vs_exact": t_exact / t_atp, "spearman": cmp["spearman"], "top5": cmp["top5_overlap"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gather_aggregate.zoo import list_zoo
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=None, help="zoo names (default: every shipped zoo model)")
+    p.add_argument("--n", type=int, default=32, help="prompts per scan")
+    p.add_argument("--dict-size", type=int, default=None)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    models = args.models or list(list_zoo()) or ["random-llama"]
+    rows = [bench_model(m, args.n, args.dict_size, args.threads) for m in models]
+    print("| model | heads | prompts | naive (s) | exact (s) | exact speed-up | max abs diff | AtP (s) "
+          "| AtP speed-up vs exact | Spearman ρ | top-5 overlap |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['heads']} | {r['prompts'][0]}×{r['prompts'][1]} | {r['naive_s']:.2f} | "
+              f"{r['exact_s']:.2f} | {r['exact_speedup']:.1f}× | {r['max_abs_diff']:.1e} | {r['atp_s']:.3f} | "
+              f"{r['atp_speedup_vs_exact']:.1f}× | {r['spearman']:.3f} | {int(r['top5'])}/5 |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Gather / Aggregate scores from patterns and a task's segment annotations.
+
+For every head, on the per-row normalised ``|pattern|`` (softmax rows as they
+are; SSM-implied attention normalised, see :mod:`gather_aggregate.metrics`):
+
+* **gather**: from each segment's summary token (its last token, e.g. the
+  ``\\n`` of ``B. Access Point\\n``), the mass on the segment's tokens
+  ``[start, summary - 1)``, averaged over segments and examples.  A Gather head
+  condenses its segment (its label or key, at the start) into the summary
+  token.  The token right before the summary is left out, because every
+  previous-token head puts all its mass there; ``gather_incl_prev`` keeps it.
+* **aggregate**: from the query position, the mass on the correct segment's
+  summary token minus the mean mass on the other segments' summary tokens.
+  An Aggregate head reads the right segment's summary.
+* **aggregate_segment**: the same contrast with the mass on *any* token of each
+  segment.  A head that reads the correct segment's content token rather than
+  its summary scores here but not on ``aggregate``; the difference is part of
+  the science (the trial models in ``docs/results.md`` show such heads).
+* **aggregate_hit**: how often the correct segment's summary gets strictly more
+  mass than every other summary;  **aggregate_mass**: the mass on it.
+
+No position is hard-coded: everything comes from ``Example.segments``,
+``Example.correct`` and ``Example.query_pos``.  :func:`find_ga_heads` then
+combines these scores with an ablation scan to name candidate Gather and
+Aggregate heads and G→A pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.protocol import Head
+
+
+def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
+    return [list(examples[i:i + size]) for i in range(0, len(examples), size)]
+
+
+def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
+                   batch_size: int = 16, **pattern_kwargs: Any) -> list[dict[str, Any]]:
+    """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head."""
+    from gather_aggregate.tasks.base import collate, pad_id_of
+
+    examples = list(examples)
+    if not examples:
+        raise InputError("no examples: build the task with n >= 1")
+    if not any(e.segments for e in examples):
+        raise InputError("the examples have no segments; Gather/Aggregate scores need a task with segments "
+                         "(KV-retrieval, multiple choice), not a plain knowledge query")
+    layers = [model.check_layer(la).index for la in (layers if layers is not None else range(model.n_layers))]
+    sums: dict[tuple[int, str], Tensor] = {}
+    counts: dict[str, float] = {"gather": 0.0, "aggregate": 0.0}
+    for chunk in _batches(examples, batch_size):
+        batch = collate(chunk, pad_id_of(model.tokenizer), device=model.device)
+        b, n_seg = batch.seg_summary.shape
+        # rows: every segment's summary, then the query position (padding rows repeat the query)
+        rows = torch.cat([torch.where(batch.seg_mask, batch.seg_summary, batch.query_pos[:, None]),
+                          batch.query_pos[:, None]], dim=1)
+        key = torch.arange(batch.tokens.shape[1], device=rows.device)
+        in_seg = (key[None, None] >= batch.seg_start[..., None]) & (key[None, None] < batch.seg_end[..., None])
+        own_all = in_seg & (key[None, None] < batch.seg_summary[..., None])  # own tokens before the summary
+        own = in_seg & (key[None, None] < batch.seg_summary[..., None] - 1)  # ... minus the previous token
+        gather_valid = batch.seg_mask & own.any(-1)  # segments of >= 3 tokens
+        has_correct = batch.correct >= 0
+        other = batch.seg_mask & (torch.arange(n_seg, device=rows.device)[None] != batch.correct[:, None])
+        counts["gather"] += float(gather_valid.sum())
+        counts["aggregate"] += float(has_correct.sum())
+        for layer in layers:
+            with torch.no_grad():
+                p = model.pattern(batch.tokens, layer, rows=rows, normalize=True, **pattern_kwargs).float()
+            seg_rows, q_row = p[:, :, :n_seg], p[:, :, n_seg]  # [b,h,seg,key], [b,h,key]
+            valid = gather_valid[:, None].float()
+            g = ((seg_rows * own[:, None].float()).sum(-1) * valid).sum((0, 2))  # [h]
+            g_all = ((seg_rows * own_all[:, None].float()).sum(-1) * valid).sum((0, 2))
+            summ = torch.where(batch.seg_mask, batch.seg_summary, 0)
+            on_summary = q_row.gather(2, summ[:, None].expand(-1, p.shape[1], -1))  # [b, h, seg]
+            on_segment = (q_row[:, :, None, :] * in_seg[:, None].float()).sum(-1)  # [b, h, seg]
+            agg = _contrast(on_summary, batch.correct, other, has_correct)
+            agg_seg = _contrast(on_segment, batch.correct, other, has_correct)
+            on_correct = on_summary.gather(2, batch.correct.clamp_min(0)[:, None, None]
+                                           .expand(-1, p.shape[1], 1))[..., 0]  # [b, h]
+            best_other = on_summary.masked_fill(~other[:, None], -1.0).max(-1).values
+            hit = ((on_correct > best_other) & has_correct[:, None]).float().sum(0)
+            correct_mass = (on_correct * has_correct[:, None]).sum(0)
+            for name, val in (("gather", g), ("gather_incl_prev", g_all), ("aggregate", agg),
+                              ("aggregate_segment", agg_seg), ("aggregate_hit", hit),
+                              ("aggregate_mass", correct_mass)):
+                sums[(layer, name)] = sums.get((layer, name), 0) + val
+    rows_out = []
+    for layer in layers:
+        info = model.layers[layer]
+        for h in range(info.n_heads):
+            row: dict[str, Any] = {"layer": layer, "head": h, "kind": info.kind}
+            for name in ("gather", "gather_incl_prev", "aggregate", "aggregate_segment", "aggregate_hit",
+                         "aggregate_mass"):
+                denom = counts["gather" if name.startswith("gather") else "aggregate"]
+                row[name] = float(sums[(layer, name)][h]) / denom if denom else float("nan")
+            rows_out.append(row)
+    return rows_out
+
+
+def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor) -> Tensor:
+    """Per head: Σ_examples [mass on correct segment - mean mass on the other segments]."""
+    on_correct = mass.gather(2, correct.clamp_min(0)[:, None, None].expand(-1, mass.shape[1], 1))[..., 0]
+    n_other = other.sum(-1).clamp_min(1).float()
+    on_other = (mass * other[:, None].float()).sum(-1) / n_other[:, None]
+    return ((on_correct - on_other) * has_correct[:, None].float()).sum(0)
+
+
+@dataclass
+class GAHeads:
+    """Candidate Gather and Aggregate heads and G→A pairs, with the evidence for each."""
+
+    table: list[dict[str, Any]]
+    gather: list[Head] = field(default_factory=list)
+    aggregate: list[Head] = field(default_factory=list)
+    pairs: list[tuple[Head, Head]] = field(default_factory=list)
+
+    def ga_heads(self) -> list[Head]:
+        """Aggregate heads first, then Gather heads (each once)."""
+        out: list[Head] = []
+        for hd in self.aggregate + self.gather:
+            if hd not in out:
+                out.append(hd)
+        return out
+
+
+def _zscores(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.nan_to_num(t, nan=0.0)
+    sd = float(t.std()) if len(values) > 1 else 0.0
+    return [0.0 if sd == 0 else float((v - t.mean()) / sd) for v in t]
+
+
+def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: float = 2.0,
+                  max_heads: int = 10, scores: list[dict[str, Any]] | None = None,
+                  batch_size: int = 16) -> GAHeads:
+    """Name candidate Gather / Aggregate heads from pattern scores and (optionally) an ablation scan.
+
+    A head is an *Aggregate* candidate when its ``aggregate`` score stands out
+    (z-score ≥ ``z`` over all heads) and, if a scan is given, its ablation
+    drop stands out too; *Gather* candidates likewise on ``gather``.  Within
+    each role, heads are ordered by the sum of their z-scores.  Pairs join a
+    Gather head to an Aggregate head in a later layer.
+    """
+    table = scores if scores is not None else pattern_scores(model, examples, batch_size=batch_size)
+    drops = scan.scores() if scan is not None else None
+    for name in ("gather", "aggregate"):
+        for row, zz in zip(table, _zscores([r[name] for r in table])):
+            row[f"z_{name}"] = zz
+    if drops is not None:
+        for row, zz in zip(table, _zscores([drops.get((r["layer"], r["head"]), 0.0) for r in table])):
+            row["ablation_drop"] = drops.get((row["layer"], row["head"]), float("nan"))
+            row["z_ablation"] = zz
+
+    def pick(role: str) -> list[Head]:
+        cands = [r for r in table if r[f"z_{role}"] >= z and (drops is None or r["z_ablation"] >= z)]
+        cands.sort(key=lambda r: -(r[f"z_{role}"] + (r["z_ablation"] if drops is not None else 0.0)))
+        return [(r["layer"], r["head"]) for r in cands[:max_heads]]
+
+    gather, aggregate = pick("gather"), pick("aggregate")
+    for r in table:
+        hd = (r["layer"], r["head"])
+        r["role"] = "aggregate" if hd in aggregate else "gather" if hd in gather else ""
+    pairs = [(g, a) for a in aggregate for g in gather if g[0] < a[0]]
+    return GAHeads(table, gather, aggregate, pairs)

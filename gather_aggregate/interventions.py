@@ -1,0 +1,187 @@
+"""Ablation and patching of heads, as hooks that never outlive the call.
+
+Everything here is written against the model protocol: a head is a
+``(layer, head)`` pair, its output is the slice ``[:, :, head]`` of the tensor at
+``model.head_hook(layer)`` (``[batch, pos, head, d_head]``: TL's ``hook_z`` for
+attention, the tensor entering ``out_proj`` for SSMs).  One code path therefore
+serves attention heads and SSM heads.  Weights are never touched; hooks are
+attached in ``with model.hooks(...)`` blocks, which remove them even when the
+body raises.
+
+Ablation methods:
+
+* ``zero``      the head's output is replaced by zeros;
+* ``mean``      by its mean over a reference set, per position (reference
+  prompts must have the same length) or position-agnostic (mean over
+  reference examples and positions);
+* ``resample``  by its output on another reference example (same length),
+  example ``b`` taking reference ``perm[b % n_ref]`` with a seeded permutation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.protocol import Head
+
+Method = Literal["zero", "mean", "resample"]
+METHODS = ("zero", "mean", "resample")
+
+
+@dataclass
+class Replacement:
+    """How to fill ablated head outputs: a method and, for mean/resample, reference head values."""
+
+    method: Method = "zero"
+    #: per layer: reference head outputs [n_ref, pos, head, d_head] (mean / resample)
+    reference: dict[int, Tensor] | None = None
+    per_position: bool = True
+    seed: int = 0
+
+    def values(self, layer: int, head: int, like: Float[Tensor, "batch pos d_head"]) -> Tensor:
+        """Replacement for ``like`` (one head's output on a batch)."""
+        if self.method == "zero":
+            return torch.zeros_like(like)
+        assert self.reference is not None
+        ref = self.reference[layer][..., head, :].to(like.dtype)  # [n_ref, pos_ref, d_head]
+        if (self.method == "resample" or self.per_position) and ref.shape[1] != like.shape[1]:
+            raise InputError(
+                f"{self.method} ablation{' per position' if self.method == 'mean' else ''} needs reference prompts "
+                f"of the same length as the inputs ({like.shape[1]} tokens), got {ref.shape[1]}; pad/trim them, "
+                "or use method='mean' with per_position=False"
+            )
+        if self.method == "mean":
+            mean = ref.mean(0) if self.per_position else ref.mean((0, 1))[None]
+            return mean.expand_as(like) if not self.per_position else mean[None].expand_as(like)
+        n_ref = ref.shape[0]
+        g = torch.Generator().manual_seed(self.seed)
+        perm = torch.randperm(n_ref, generator=g)
+        idx = perm[torch.arange(like.shape[0]) % n_ref].to(ref.device)
+        return ref[idx]
+
+
+def group_by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for layer, head in heads:
+        if head not in out[layer]:
+            out[layer].append(head)
+    return dict(sorted(out.items()))
+
+
+def head_outputs(model: Any, tokens: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
+    """Per-head outputs ``[batch, pos, head, d_head]`` of ``layers`` on ``tokens`` (no grad)."""
+    names = {model.head_hook(layer)[0]: layer for layer in layers}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=list(names))
+    return {layer: cache[name].detach() for name, layer in names.items()}
+
+
+def make_replacement(model: Any, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None,
+                     *, per_position: bool = True, seed: int = 0, n_pos: int | None = None) -> Replacement:
+    """Validate an ablation spec and precompute reference head values for mean/resample."""
+    if method not in METHODS:
+        raise InputError(f"unknown ablation method {method!r}; use one of {METHODS}")
+    if method == "zero":
+        return Replacement("zero")
+    if reference is None:
+        raise InputError(f"{method} ablation needs reference=tokens [n_ref, pos] to take head outputs from")
+    reference = model.validate_tokens(reference)
+    if (method == "resample" or per_position) and n_pos is not None and reference.shape[1] != n_pos:
+        raise InputError(
+            f"{method} ablation{' per position' if method == 'mean' else ''} needs reference prompts of the same "
+            f"length as the inputs ({n_pos} tokens), got {reference.shape[1]}; pad/trim them, or use "
+            "method='mean' with per_position=False"
+        )
+    layers = sorted({layer for layer, _ in heads})
+    return Replacement(method, head_outputs(model, reference, layers), per_position, seed)
+
+
+def ablation_hooks(model: Any, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
+    """Forward hooks that replace the given heads' outputs (all rows of the batch)."""
+    heads = model.check_head_set(heads)
+    if not heads:
+        raise InputError("empty head set: pass at least one (layer, head)")
+    hooks = []
+    for layer, hs in group_by_layer(heads).items():
+        name, axis = model.head_hook(layer)
+
+        def hook(z: Tensor, hook: Any, layer: int = layer, hs: list[int] = hs) -> Tensor:
+            z = z.clone()
+            for h in hs:
+                z.select(axis, h).copy_(replacement.values(layer, h, z.select(axis, h)))
+            return z
+
+        hooks.append((name, hook))
+    return hooks
+
+
+@contextlib.contextmanager
+def ablate(model: Any, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None, *,
+           per_position: bool = True, seed: int = 0) -> Iterator[Any]:
+    """Context manager: inside it, ``model`` runs with ``heads`` ablated.
+
+    >>> with ablate(model, [(1, 0), (1, 3)]):            # doctest: +SKIP
+    ...     logits = model(tokens)
+    """
+    rep = make_replacement(model, model.check_head_set(heads), method, reference, per_position=per_position,
+                           seed=seed)
+    with model.hooks(fwd_hooks=ablation_hooks(model, heads, rep)):
+        yield model
+
+
+def run_ablated(model: Any, tokens: Tensor, heads: Sequence[Head], method: Method = "zero",
+                reference: Tensor | None = None, *, per_position: bool = True, seed: int = 0) -> Tensor:
+    """Logits with ``heads`` ablated (the hooks are gone when it returns)."""
+    tokens = model.validate_tokens(tokens)
+    rep = make_replacement(model, model.check_head_set(heads), method, reference, per_position=per_position,
+                           seed=seed, n_pos=tokens.shape[1])
+    with torch.no_grad(), model.hooks(fwd_hooks=ablation_hooks(model, heads, rep)):
+        return model(tokens)
+
+
+def heads_except(model: Any, keep: Sequence[Head], kinds: Sequence[str] | None = None) -> list[Head]:
+    """Every head (of ``kinds``) not in ``keep``: the complement for keep-only experiments."""
+    keep_set = set(model.check_head_set(keep)) if keep else set()
+    return [hd for hd in model.all_heads(kinds) if hd not in keep_set]
+
+
+# ---- batched per-copy edits (the engine of exact scans and patching) -------------------
+@dataclass(frozen=True)
+class Edit:
+    """Replace head ``head`` of ``layer`` in one copy of the batch, at ``position`` (None = all)."""
+
+    layer: int
+    head: int
+    position: int | None = None
+
+
+def edit_hook(axis: int, batch: int, edits: Sequence[Edit], fill: Callable[[Edit, Tensor], Tensor]) -> Callable:
+    """A hook for ``len(edits)`` stacked copies of a batch: copy ``i`` gets ``edits[i]``.
+
+    ``fill(edit, current)`` returns the replacement for ``current`` = that
+    copy's head slice ``[batch, pos, d_head]`` (or ``[batch, d_head]`` at one
+    position).
+    """
+
+    def hook(z: Tensor, hook: Any) -> Tensor:
+        if z.shape[0] != batch * len(edits):
+            raise InputError(f"edit hook expected {batch * len(edits)} rows, got {z.shape[0]}")
+        z = z.clone()
+        for i, e in enumerate(edits):
+            part = z[i * batch:(i + 1) * batch].select(axis, e.head)  # [batch, pos, d_head]
+            if e.position is None:
+                part.copy_(fill(e, part))
+            else:
+                part[:, e.position].copy_(fill(e, part[:, e.position]))
+        return z
+
+    return hook

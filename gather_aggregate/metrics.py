@@ -1,0 +1,63 @@
+"""Sharpness metrics of attention rows.
+
+All metrics work on the per-row normalised magnitude ``p = |a| / Σ_k |a|``
+(:func:`gather_aggregate.protocol.normalize_rows`).  For a softmax row that is
+the row itself; SSM-implied attention is signed and unnormalised, so its raw
+values are not a distribution and are normalised first.  Pass raw patterns:
+every function normalises (idempotent for softmax rows).
+
+* ``row_entropy``   H(p) = -Σ_k p_k log p_k (nats);
+* ``top1_mass``     max_k p_k;
+* ``sharpness_index``  1 - H(p) / log(n_k), where n_k is the number of keys the
+  row can see (``query + 1`` for a causal row): 1 for a one-hot row, 0 for a
+  uniform one.  It lets rows of different lengths be compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from gather_aggregate.protocol import normalize_rows
+
+
+def row_entropy(pattern: Float[Tensor, "... key"]) -> Float[Tensor, "..."]:
+    """Entropy in nats of each normalised row."""
+    p = normalize_rows(pattern)
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+
+
+def top1_mass(pattern: Float[Tensor, "... key"]) -> Float[Tensor, "..."]:
+    """Largest share of a normalised row."""
+    return normalize_rows(pattern).max(-1).values
+
+
+def sharpness_index(pattern: Float[Tensor, "... key"], n_keys: Tensor | int | None = None) -> Float[Tensor, "..."]:
+    """``1 - H/log(n_keys)``; ``n_keys`` defaults to the number of non-zero keys of each row."""
+    if n_keys is None:
+        n = (pattern != 0).sum(-1).clamp_min(1).to(pattern.dtype)
+    elif isinstance(n_keys, int):
+        n = torch.full(pattern.shape[:-1], float(n_keys), dtype=pattern.dtype, device=pattern.device)
+    else:
+        n = n_keys.to(pattern.dtype).expand(pattern.shape[:-1])
+    log_n = torch.log(n)
+    h = row_entropy(pattern)
+    out = 1.0 - h / log_n.clamp_min(1e-12)
+    return torch.where(n <= 1, torch.ones_like(out), out)
+
+
+def summarize_rows(pattern: Float[Tensor, "batch head row key"], n_keys: Tensor | None = None) -> dict[str, Tensor]:
+    """Per-head means over batch and rows of the three metrics: ``{"entropy", "top1", "sharpness"}`` → ``[head]``."""
+    return {
+        "entropy": row_entropy(pattern).mean((0, 2)),
+        "top1": top1_mass(pattern).mean((0, 2)),
+        "sharpness": sharpness_index(pattern, n_keys).mean((0, 2)),
+    }
+
+
+def uniform_entropy(n: int) -> float:
+    """Entropy of a uniform row over ``n`` keys (the maximum)."""
+    return math.log(n)

@@ -1,0 +1,92 @@
+"""Issue 6: Gather/Aggregate detection finds planted heads; sharpness metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gather_aggregate import errors
+from gather_aggregate.detect import find_ga_heads, pattern_scores
+from gather_aggregate.metrics import row_entropy, sharpness_index, top1_mass
+
+RULES = [
+    ["prev", "gather", "uniform", "first"],          # layer 0: the Gather head is (0, 1)
+    ["self", "first_line", "prev", "aggregate"],     # layer 1: the Aggregate head is (1, 3)
+]
+
+
+@pytest.fixture(scope="module")
+def planted():
+    from planted import PlantedModel
+
+    from gather_aggregate.tasks.kv import KVRetrieval
+    from gather_aggregate.zoo.vocab import build_tokenizer, make_world
+
+    world = make_world(seed=0)
+    tok = build_tokenizer(world)
+    model = PlantedModel(tok, RULES)
+    examples = KVRetrieval(n_pairs=6, keys=world.kv_keys, values=world.kv_values).examples(tok, n=12, seed=1)
+    return model, examples
+
+
+def test_planted_heads_rank_first(planted):
+    model, examples = planted
+    table = pattern_scores(model, examples, batch_size=5)
+    by_gather = sorted(table, key=lambda r: -r["gather"])
+    by_agg = sorted(table, key=lambda r: -r["aggregate"])
+    assert (by_gather[0]["layer"], by_gather[0]["head"]) == (0, 1)
+    assert (by_agg[0]["layer"], by_agg[0]["head"]) == (1, 3)
+    planted_agg = next(r for r in table if (r["layer"], r["head"]) == (1, 3))
+    # it puts all its mass on the right summary token, every time
+    assert planted_agg["aggregate_hit"] == pytest.approx(1.0)
+    assert planted_agg["aggregate_mass"] == pytest.approx(1.0)
+    planted_gather = next(r for r in table if (r["layer"], r["head"]) == (0, 1))
+    # lines are `key : value \n`: the summary spreads over 3 tokens, 2 of them beyond the previous token
+    assert planted_gather["gather_incl_prev"] == pytest.approx(1.0)
+    assert planted_gather["gather"] == pytest.approx(2 / 3)
+    # a previous-token head lands on its own segment too, but not beyond the previous token
+    prev_head = next(r for r in table if (r["layer"], r["head"]) == (0, 0))
+    assert prev_head["gather_incl_prev"] == pytest.approx(1.0) and prev_head["gather"] == 0.0
+    # the fixed-segment distractor is not an aggregate head (it hits only when line 0 is queried)
+    distractor = next(r for r in table if (r["layer"], r["head"]) == (1, 1))
+    assert distractor["aggregate_hit"] < 0.5
+
+    ga = find_ga_heads(model, examples, scores=table, z=1.5)
+    assert ga.gather == [(0, 1)]
+    assert ga.aggregate == [(1, 3)]
+    assert ga.pairs == [((0, 1), (1, 3))]
+
+
+def test_detector_uses_the_scan_as_evidence(planted):
+    from gather_aggregate.scan import ScanResult
+
+    model, examples = planted
+    table = pattern_scores(model, examples)
+    # a scan in which only the aggregate head matters: the gather head loses its candidacy
+    rows = [{"layer": r["layer"], "head": r["head"], "kind": "attn",
+             "score": 1.0 if (r["layer"], r["head"]) == (1, 3) else 0.0} for r in table]
+    ga = find_ga_heads(model, examples, scan=ScanResult(rows), scores=[dict(r) for r in table], z=1.5)
+    assert ga.aggregate == [(1, 3)] and ga.gather == []
+
+
+def test_detection_bad_input(planted):
+    model, examples = planted
+    with pytest.raises(errors.InputError, match="no examples"):
+        pattern_scores(model, [])
+    with pytest.raises(errors.IndexOutOfRangeError):
+        pattern_scores(model, examples, layers=[5])
+
+
+def test_sharpness_metrics_on_known_rows():
+    one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
+    uniform = torch.full((1, 4), 0.25)
+    signed = torch.tensor([[0.5, -0.5, 0.0, 0.0]])  # an implied-attention-like signed row
+    assert float(row_entropy(one_hot)) == pytest.approx(0.0, abs=1e-6)
+    assert float(row_entropy(uniform)) == pytest.approx(math.log(4))
+    assert float(row_entropy(signed)) == pytest.approx(math.log(2))  # on |row| normalised
+    assert float(top1_mass(signed)) == pytest.approx(0.5)
+    assert float(sharpness_index(one_hot, 4)) == pytest.approx(1.0)
+    assert float(sharpness_index(uniform, 4)) == pytest.approx(0.0, abs=1e-6)
+    assert 0 < float(sharpness_index(signed, 4)) < 1

@@ -1,0 +1,237 @@
+"""Issue 6: ablation, exact/naive/AtP scans, patching, resume, no mutation, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gather_aggregate import errors
+from gather_aggregate.experiments import cumulative_ablation, keep_only, layer_pruning, remove_only
+from gather_aggregate.interventions import ablate, run_ablated
+from gather_aggregate.patching import patch_heads
+from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.scan import ScanResult, atp_scan, compare_rankings, exact_scan, naive_scan
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.testing import tiny_llama
+
+    hf, tok = tiny_llama(num_hidden_layers=3, seed=1)
+    model = from_hf_model(hf, tok)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.d_vocab, (6, 20), generator=g)
+    ref = torch.randint(0, model.d_vocab, (5, 20), generator=g)
+    target = torch.randint(0, model.d_vocab, (6,), generator=g)
+
+    def metric(logits):
+        return logits[:, -1].log_softmax(-1).gather(1, target[:, None]).mean()
+
+    return model, tokens, ref, metric
+
+
+@pytest.mark.parametrize("method,kw", [("zero", {}), ("mean", {"per_position": True}),
+                                       ("mean", {"per_position": False}), ("resample", {"seed": 3})])
+def test_exact_scan_equals_naive_loop(setup, method, kw):
+    model, tokens, ref, metric = setup
+    reference = None if method == "zero" else ref
+    naive = naive_scan(model, tokens, metric, method=method, reference=reference, **kw)
+    exact = exact_scan(model, tokens, metric, method=method, reference=reference, max_rows=12, progress=False, **kw)
+    assert len(exact.rows) == len(model.all_heads()) == 12
+    for layer, head in model.all_heads():
+        assert exact.score(layer, head) == pytest.approx(naive.score(layer, head), abs=1e-5)
+    assert [(r["layer"], r["head"]) for r in exact.rows] == [(r["layer"], r["head"]) for r in naive.rows]
+    assert len({r["score"] for r in exact.rows}) > 1  # the metric actually moved
+
+
+def test_atp_agrees_with_exact_on_a_random_model(setup):
+    model, tokens, _, metric = setup
+    exact = exact_scan(model, tokens, metric, progress=False)
+    atp = atp_scan(model, tokens, metric)
+    cmp = compare_rankings(exact, atp, k=5)
+    assert cmp["spearman"] > 0.8 and cmp["top5_overlap"] >= 3
+    # no gradients are left on the parameters
+    assert all(p.grad is None for p in model.module.parameters())
+
+
+def test_ablate_context_manager_equals_run_ablated(setup):
+    model, tokens, ref, _ = setup
+    heads = [(1, 0), (2, 3)]
+    with torch.no_grad(), ablate(model, heads, "mean", ref):
+        inside = model(tokens)
+    assert count_hooks(model) == 0
+    torch.testing.assert_close(run_ablated(model, tokens, heads, "mean", ref), inside)
+    assert not torch.allclose(inside, model(tokens))
+
+
+def test_patching_full_head_equals_a_direct_hook(setup):
+    model, tokens, ref, metric = setup
+    clean, corrupted = tokens[:, :], tokens.clone()
+    corrupted[:, 3] = ref[0, 3]
+    table = patch_heads(model, clean, corrupted, metric, heads=[(1, 2), (2, 0)], progress=False)
+    _, cache = model.run_with_cache(clean)
+    name, axis = model.head_hook(1)
+
+    def put_clean(z, hook):
+        z = z.clone()
+        z[:, :, 2] = cache[name][:, :, 2]
+        return z
+
+    with torch.no_grad():
+        direct = float(metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, put_clean)])))
+    row = next(r for r in table.rows if (r["layer"], r["head"]) == (1, 2))
+    assert row["metric_patched"] == pytest.approx(direct, abs=1e-5)
+    per_pos = patch_heads(model, clean, corrupted, metric, heads=[(1, 2)], per_position=True,
+                          positions=[2, 3, -1], progress=False)
+    assert sorted(r["position"] for r in per_pos.rows) == [2, 3, 19]
+    # patching the one corrupted position of a layer-0-fed head moves the metric; position 2 cannot
+    by_pos = {r["position"]: r["metric_patched"] for r in per_pos.rows}
+    assert by_pos[2] == pytest.approx(per_pos.meta["metric_corrupted"], abs=1e-5)
+
+
+def test_interrupted_scan_resumes(setup, tmp_path):
+    model, tokens, _, metric = setup
+    out = tmp_path / "scan.json"
+    full = exact_scan(model, tokens, metric, progress=False)
+    calls = {"n": 0}
+
+    def flaky(logits):
+        calls["n"] += 1
+        if calls["n"] > 6:  # clean run + 5 heads, then "crash"
+            raise KeyboardInterrupt
+        return metric(logits)
+
+    flaky.__qualname__ = metric.__qualname__  # same task identity
+    with pytest.raises(KeyboardInterrupt):
+        exact_scan(model, tokens, flaky, max_rows=6, out=out, progress=False)
+    partial = json.loads(out.read_text())
+    assert partial["meta"]["complete"] is False and 0 < len(partial["rows"]) < 12
+    assert out.with_suffix(".csv").is_file()
+    resumed = exact_scan(model, tokens, metric, max_rows=6, out=out, resume=True, progress=False)
+    assert resumed.meta["complete"] is True
+    assert {k: pytest.approx(v, abs=1e-6) for k, v in resumed.scores().items()} == full.scores()
+    assert ScanResult.load(out).scores() == resumed.scores()
+    with pytest.raises(errors.ResumeMismatchError, match="task"):
+        exact_scan(model, tokens[:, :10], metric, out=out, resume=True, progress=False)
+
+
+def test_paper_tables_run_and_report_side_by_side(setup):
+    model, tokens, ref, metric = setup
+    task_sets = {"a": tokens[:3], "b": tokens[3:]}
+
+    def evaluator(model, examples, hooks):
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            return float(model(examples)[:, -1].max(-1).values.mean())
+
+    rows = cumulative_ablation(model, [(0, 0), (1, 1), (2, 2)], task_sets, ks=[0, 1, 3, 5], evaluator=evaluator)
+    assert [r["n_removed"] for r in rows] == [0, 1, 3, 3] and set(rows[0]) >= {"a", "b"}
+    assert rows[0]["a"] != rows[2]["a"]
+    ro = remove_only(model, [(1, 1)], task_sets, evaluator=evaluator)
+    ko = keep_only(model, [(1, 1)], task_sets, evaluator=evaluator)
+    assert ko["n_removed"] == 11 and ro["clean"] == ko["clean"]
+    prune = layer_pruning(model, task_sets, mode="from_end", evaluator=evaluator)
+    assert [r["n_removed"] for r in prune] == [0, 1, 2] and prune[0]["a"] == ro["clean"]["a"]
+    indiv = layer_pruning(model, task_sets, mode="individual", evaluator=evaluator)
+    assert [r["layer"] for r in indiv] == [None, 0, 1, 2]
+    # removing the last layer by hooks equals stopping before it and applying the unembedding
+    resid = model(tokens, stop_at_layer=2)
+    with torch.no_grad():
+        expected = model.module.unembed(model.module.ln_final(resid))
+    from gather_aggregate.experiments import skip_layer_hooks
+
+    with torch.no_grad(), model.hooks(fwd_hooks=skip_layer_hooks(model, [2])):
+        torch.testing.assert_close(model(tokens), expected)
+
+
+def test_no_public_intervention_mutates_the_model(setup, tmp_path):
+    model, tokens, ref, metric = setup
+    before = param_checksum(model)
+    calls = [
+        lambda: run_ablated(model, tokens, [(0, 1)], "resample", ref),
+        lambda: naive_scan(model, tokens, metric, heads=[(0, 0), (2, 1)]),
+        lambda: exact_scan(model, tokens, metric, heads=[(0, 0), (2, 1)], progress=False),
+        lambda: atp_scan(model, tokens, metric, method="mean", reference=ref),
+        lambda: patch_heads(model, tokens, ref[:, :20].repeat(2, 1)[:6], metric, heads=[(1, 1)], progress=False),
+    ]
+    for call in calls:
+        call()
+        assert count_hooks(model) == 0
+    assert param_checksum(model) == before
+
+    def bad_metric(logits):
+        raise RuntimeError("metric exploded")
+
+    for scan in (naive_scan, exact_scan, atp_scan):
+        kw = {"progress": False} if scan is exact_scan else {}
+        with pytest.raises(RuntimeError, match="exploded"):
+            scan(model, tokens, bad_metric, heads=[(1, 1)], **kw)
+        assert count_hooks(model) == 0
+    with pytest.raises(RuntimeError):
+        with ablate(model, [(1, 1)]):
+            raise RuntimeError("user code failed inside the block")
+    assert count_hooks(model) == 0 and param_checksum(model) == before
+
+
+def test_bad_input(setup):
+    model, tokens, ref, metric = setup
+    with pytest.raises(errors.IndexOutOfRangeError, match="layer 7"):
+        exact_scan(model, tokens, metric, heads=[(7, 0)])
+    with pytest.raises(errors.IndexOutOfRangeError, match="head"):
+        run_ablated(model, tokens, [(0, 9)])
+    with pytest.raises(errors.InputError, match="empty head set"):
+        exact_scan(model, tokens, metric, heads=[])
+    with pytest.raises(errors.InputError, match="scalar.*clean run"):
+        exact_scan(model, tokens, lambda lg: lg[:, -1, 0], heads=[(1, 2)], progress=False)
+    calls = {"n": 0}
+
+    def vector_after_clean(lg):
+        calls["n"] += 1
+        return metric(lg) if calls["n"] == 1 else lg[:, -1, 0]
+
+    with pytest.raises(errors.InputError, match="scalar.*L1H2"):
+        exact_scan(model, tokens, vector_after_clean, heads=[(1, 2)], progress=False)
+    nan_after_clean = {"n": 0}
+
+    def nan_metric(lg):
+        nan_after_clean["n"] += 1
+        return metric(lg) if nan_after_clean["n"] == 1 else torch.tensor(float("nan"))
+
+    with pytest.raises(errors.NonFiniteError, match="L0H3"):
+        naive_scan(model, tokens, nan_metric, heads=[(0, 3)])
+    with pytest.raises(errors.InputError, match="same length"):
+        run_ablated(model, tokens, [(0, 1)], "mean", ref[:, :12])
+    with pytest.raises(errors.InputError, match="reference"):
+        run_ablated(model, tokens, [(0, 1)], "mean")
+    with pytest.raises(errors.InputError, match="unknown ablation"):
+        run_ablated(model, tokens, [(0, 1)], "shuffle")
+
+
+def test_exact_scan_equals_naive_on_mamba2():
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from gather_aggregate import from_hf_model
+
+    torch.manual_seed(0)
+    hf = Mamba2ForCausalLM(Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, state_size=8,
+                                        head_dim=8, num_heads=8, n_groups=2, expand=2, conv_kernel=4)).eval()
+    model = from_hf_model(hf)
+    assert [li.kind for li in model.layers] == ["ssm", "ssm"]
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 64, (4, 12), generator=g)
+    target = torch.randint(0, 64, (4,), generator=g)
+
+    def metric(logits):
+        return logits[:, -1].log_softmax(-1).gather(1, target[:, None]).mean()
+
+    before = param_checksum(model)
+    naive = naive_scan(model, tokens, metric)
+    exact = exact_scan(model, tokens, metric, max_rows=16, progress=False)
+    assert len(exact.rows) == 16 and {r["kind"] for r in exact.rows} == {"ssm"}
+    for layer, head in model.all_heads():
+        assert exact.score(layer, head) == pytest.approx(naive.score(layer, head), abs=1e-5)
+    atp = atp_scan(model, tokens, metric)
+    assert compare_rankings(exact, atp)["spearman"] > 0.5
+    assert count_hooks(model) == 0 and param_checksum(model) == before
