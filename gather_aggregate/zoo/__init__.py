@@ -1,0 +1,28 @@
+"""The toy zoo: tiny models trained here (``gather_aggregate.zoo.train``) and shipped as package data.
+
+Each model lives in ``gather_aggregate/zoo/<name>/`` in HF ``save_pretrained``
+layout, with its tokenizer, ``facts.json``, ``zoo_tasks.json`` and
+``train_config.json``; ``load_model(zoo_path(name))`` loads it like any checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ZOO_DIR = Path(__file__).resolve().parent
+
+
+def list_zoo() -> dict[str, Path]:
+    """Shipped zoo models: name -> directory (those with a ``config.json``)."""
+    return {p.name: p for p in sorted(ZOO_DIR.iterdir()) if p.is_dir() and (p / "config.json").is_file()}
+
+
+def zoo_path(name: str) -> Path:
+    """The directory of a shipped zoo model (raises, listing the shipped names, if ``name`` is not one)."""
+    from gather_aggregate.errors import ModelLoadError
+
+    zoo = list_zoo()
+    if name not in zoo:
+        raise ModelLoadError(f"no zoo model named {name!r}; shipped: {', '.join(zoo) or '(none)'}. Train one with "
+                             "`gather-aggregate zoo train`, or pass a model directory")
+    return zoo[name]

@@ -1,0 +1,225 @@
+"""Training and quick-evaluation data for the zoo, in the project's prompt formats.
+
+A *document* is a list of ``(text, is_target)`` segments; the loss is taken on
+every token of the target segments only.  The first query of every document is
+exactly the evaluation prompt's continuation (see ``docs/zoo.md``); after it,
+documents may carry more queries of the same kind (dense supervision), which is
+what made in-context retrieval learnable on CPU in the trials:
+
+* **KV** ``Memorize the following dictionary:\\n`` + ``k:v\\n`` lines +
+  ``\\nThe value of the key 'k' is v`` then more queries in the short form
+  ``\\n'k' is v`` (6 tokens instead of 10), keys drawn *with replacement* (no
+  elimination shortcut).
+* **Letter-MC** ``[filler] Question: What is the color of e?\\n`` + ``L. option\\n``
+  lines + ``Answer: L``, then follow-up questions ``\\nQuestion: What is the color
+  of e2?\\nAnswer: L2`` about entities whose colour is among the options (with
+  replacement).  Shortcuts are removed: 3-5 options, letters in order or a shuffled
+  subset of A-E, options of 1-3 words (the colour in a random slot), filler prefix.
+* **Content-MC** the same prompt, answered with the option's text.
+* **Knowledge** ``The color of e is attr`` (several per document).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gather_aggregate.zoo.vocab import World, split_words
+
+Doc = list[tuple[str, bool]]
+
+
+@dataclass
+class Mixture:
+    """Sampling weights of the document kinds and their size ranges."""
+
+    kv: float = 0.4
+    letter_mc: float = 0.35
+    content_mc: float = 0.1
+    knowledge: float = 0.15
+    kv_min_pairs: int = 2
+    kv_max_pairs: int = 16
+    kv_queries: tuple[int, int] = (6, 16)
+    mc_options: tuple[int, int] = (3, 5)
+    mc_followups: tuple[int, int] = (0, 4)
+    mc_in_order: float = 0.5  # share of letter-MC prompts with letters A, B, C, ... in order
+    mc_modifier: float = 0.5  # chance that an option gets extra words around the colour
+    max_filler: int = 4
+    knowledge_per_doc: tuple[int, int] = (3, 8)
+
+
+# --- prompt pieces (exactly the evaluation formats) ---------------------------------------------------------
+
+
+def kv_prompt(pairs: Sequence[tuple[str, str]], key: str) -> str:
+    return ("Memorize the following dictionary:\n" + "".join(f"{k}:{v}\n" for k, v in pairs)
+            + f"\nThe value of the key '{key}' is")
+
+
+def mc_prompt(relation: str, entity: str, options: Sequence[tuple[str, str]]) -> str:
+    return (f"Question: What is the {relation} of {entity}?\n" + "".join(f"{L}. {o}\n" for L, o in options)
+            + "Answer:")
+
+
+def knowledge_prompt(relation: str, entity: str) -> str:
+    return f"The {relation} of {entity} is"
+
+
+# --- training documents ---------------------------------------------------------------------------------------
+
+
+def kv_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
+    keys = rng.sample(world.kv_keys, n_pairs)
+    vals = rng.sample(world.kv_values, n_pairs)
+    pairs = list(zip(keys, vals))
+    table = dict(pairs)
+    q = rng.choice(keys)
+    doc: Doc = [(kv_prompt(pairs, q), False), (f" {table[q]}", True)]
+    for _ in range(n_queries - 1):
+        q = rng.choice(keys)  # with replacement; short form, the key still sits two tokens before the value
+        doc += [(f"\n'{q}' is", False), (f" {table[q]}", True)]
+    return doc
+
+
+def _entity_with(world: World, rng: random.Random, attr: str) -> str:
+    return rng.choice([e for e, a in world.facts.items() if a == attr])
+
+
+def _option_text(world: World, rng: random.Random, attr: str, p_modifier: float) -> str:
+    if rng.random() >= p_modifier:
+        return attr
+    words = [attr]
+    for _ in range(rng.randint(1, 2)):
+        words.insert(rng.randint(0, len(words)), rng.choice(world.modifiers))
+    return " ".join(words)
+
+
+def mc_options(world: World, rng: random.Random, entity: str, n_options: int, in_order: bool,
+               p_modifier: float) -> tuple[list[tuple[str, str]], int]:
+    """Options ``[(letter, text)]`` with the entity's colour at a uniform position; returns (options, index)."""
+    attr = world.facts[entity]
+    others = rng.sample([a for a in world.attributes if a != attr], n_options - 1)
+    correct = rng.randrange(n_options)
+    attrs = others[:correct] + [attr] + others[correct:]
+    letters = world.letters[:n_options] if in_order else rng.sample(world.letters, n_options)
+    return [(L, _option_text(world, rng, a, p_modifier)) for L, a in zip(letters, attrs)], correct
+
+
+def mc_doc(world: World, rng: random.Random, mix: Mixture, letter: bool) -> Doc:
+    entity = rng.choice(world.entities)
+    n_opt = rng.randint(*mix.mc_options)
+    in_order = rng.random() < mix.mc_in_order
+    options, correct = mc_options(world, rng, entity, n_opt, in_order, mix.mc_modifier if letter else 0.0)
+    prefix = " ".join(rng.choice(world.filler) for _ in range(rng.randint(0, mix.max_filler)))
+    prompt = (prefix + " " if prefix else "") + mc_prompt(world.relation, entity, options)
+    answer = options[correct][0] if letter else options[correct][1]
+    doc: Doc = [(prompt, False), (f" {answer}", True)]
+    if letter:
+        colour_to_letter = {}
+        for L, text in options:
+            colour = next(w for w in text.split() if w in world.attributes)
+            colour_to_letter[colour] = L
+        for _ in range(rng.randint(*mix.mc_followups)):
+            colour = rng.choice(list(colour_to_letter))
+            e2 = _entity_with(world, rng, colour)
+            doc += [(f"\nQuestion: What is the {world.relation} of {e2}?\nAnswer:", False),
+                    (f" {colour_to_letter[colour]}", True)]
+    return doc
+
+
+def knowledge_doc(world: World, rng: random.Random, n: int) -> Doc:
+    doc: Doc = []
+    for i in range(n):
+        e = rng.choice(world.entities)
+        doc += [(("\n" if i else "") + knowledge_prompt(world.relation, e), False), (f" {world.facts[e]}", True)]
+    return doc
+
+
+def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int | None = None) -> tuple[str, Doc]:
+    kinds = ["kv", "letter_mc", "content_mc", "knowledge"]
+    kind = rng.choices(kinds, weights=[mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge])[0]
+    if kind == "kv":
+        hi = max(mix.kv_min_pairs, kv_max_pairs or mix.kv_max_pairs)
+        return kind, kv_doc(world, rng, rng.randint(mix.kv_min_pairs, hi), rng.randint(*mix.kv_queries))
+    if kind == "knowledge":
+        return kind, knowledge_doc(world, rng, rng.randint(*mix.knowledge_per_doc))
+    return kind, mc_doc(world, rng, mix, letter=(kind == "letter_mc"))
+
+
+# --- encoding --------------------------------------------------------------------------------------------------
+
+
+def length_bucketed(docs: list[Doc], n_batches: int) -> list[list[Doc]]:
+    """Split ``docs`` into ``n_batches`` batches of similar length (less padding), in random batch order."""
+    order = sorted(docs, key=lambda d: sum(len(t) for t, _ in d))
+    size = len(docs) // n_batches
+    return [order[i * size : (i + 1) * size] for i in range(n_batches)]
+
+
+def encode_doc(doc: Doc, vocab: dict[str, int]) -> tuple[list[int], list[bool]]:
+    ids: list[int] = []
+    tgt: list[bool] = []
+    for text, is_target in doc:
+        w = [vocab[x] for x in split_words(text)]
+        ids += w
+        tgt += [is_target] * len(w)
+    return ids, tgt
+
+
+def collate(docs: Sequence[Doc], vocab: dict[str, int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids [batch, pos]`` and ``labels [batch, pos]`` (next-token targets, -100 elsewhere).
+
+    ``labels[b, t]`` is the token at ``t + 1`` when that token is a target, so the
+    loss is read off the logits at ``t`` with no shifting inside the model.
+    """
+    enc = [encode_doc(d, vocab) for d in docs]
+    T = max(len(ids) for ids, _ in enc)
+    x = torch.full((len(docs), T), pad_id, dtype=torch.long)
+    y = torch.full((len(docs), T), -100, dtype=torch.long)
+    for b, (ids, tgt) in enumerate(enc):
+        x[b, : len(ids)] = torch.tensor(ids)
+        for t in range(len(ids) - 1):
+            if tgt[t + 1]:
+                y[b, t] = ids[t + 1]
+    return x, y
+
+
+# --- evaluation prompts (the contract formats, first query only) ------------------------------------------
+
+
+@dataclass
+class EvalItem:
+    prompt: str
+    answer: str  # the correct candidate, without the leading space
+    candidates: list[str]
+
+
+def kv_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
+    out = []
+    for _ in range(n):
+        keys = rng.sample(world.kv_keys, n_pairs)
+        vals = rng.sample(world.kv_values, n_pairs)
+        i = rng.randrange(n_pairs)
+        out.append(EvalItem(kv_prompt(list(zip(keys, vals)), keys[i]), vals[i], list(world.kv_values)))
+    return out
+
+
+def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_options: int = 4) -> list[EvalItem]:
+    out = []
+    for _ in range(n):
+        e = rng.choice(world.entities)
+        options, c = mc_options(world, rng, e, n_options, in_order=True, p_modifier=0.0)
+        prompt = mc_prompt(world.relation, e, options)
+        if letter:
+            out.append(EvalItem(prompt, options[c][0], [L for L, _ in options]))
+        else:
+            out.append(EvalItem(prompt, options[c][1], [o for _, o in options]))
+    return out
+
+
+def knowledge_eval_items(world: World, rng: random.Random, n: int) -> list[EvalItem]:
+    ents = [rng.choice(world.entities) for _ in range(n)]
+    return [EvalItem(knowledge_prompt(world.relation, e), world.facts[e], list(world.attributes)) for e in ents]

@@ -1,0 +1,258 @@
+"""Train a toy-zoo model on CPU with HF's own model classes and ship it with ``save_pretrained``.
+
+    python -m gather_aggregate.zoo.train --arch llama --out DIR --steps 6000 --seed 0 --threads 1
+
+Architectures: ``llama`` (``LlamaForCausalLM``), ``mamba2`` (``Mamba2ForCausalLM``),
+``mamba1`` (``MambaForCausalLM`` trained with ``use_mambapy=True``, saved with it
+off so the checkpoint loads without mambapy).  All share one word-level world
+(:mod:`gather_aggregate.zoo.vocab`) and one data mixture (:mod:`gather_aggregate.zoo.data`).
+
+Training: AdamW (betas 0.9/0.98, weight decay 0.1), linear warm-up then cosine
+decay to 10 %, fresh data every step, cross-entropy on the target tokens only
+(dense: every query of a document is supervised).  The KV dictionary size grows
+from ``--kv-start`` to ``--kv-max`` pairs over the first ``--curriculum`` share of
+the steps.  Every ``--eval-every`` steps the evaluation prompts (the contract
+formats, first query only) are scored and the checkpoint is written, so a run
+stopped by ``--max-minutes`` still leaves a complete model directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gather_aggregate.zoo.data import Mixture, collate, length_bucketed, sample_doc
+from gather_aggregate.zoo.quick_eval import eval_suite, evaluate
+from gather_aggregate.zoo.vocab import PAD, World, build_tokenizer, make_world, save_world
+
+ARCHS = ("llama", "mamba2", "mamba1")
+
+# Default sizes per architecture (overridable from the CLI).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(d_model=128, n_layers=3, n_heads=4, d_ff=256, lr=1e-3),
+    "mamba2": dict(d_model=128, n_layers=4, n_heads=8, d_state=32, lr=2e-3),
+    "mamba1": dict(d_model=128, n_layers=4, d_state=16, lr=2e-3),
+}
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    arch: str = "llama"
+    out: str = "zoo_out"
+    steps: int = 6000
+    seed: int = 0
+    world_seed: int = 0
+    threads: int = 1
+    batch_size: int = 64
+    bucket: int = 4
+    lr: float | None = None
+    warmup: int = 100
+    weight_decay: float = 0.1
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    d_ff: int | None = None
+    d_state: int | None = None
+    kv_start: int = 4
+    kv_max: int = 16
+    curriculum: float = 0.4
+    eval_every: int = 250
+    eval_n: int = 128
+    max_minutes: float = 90.0
+    log_every: int = 50
+    mixture: dict[str, Any] = dataclasses.field(default_factory=dict)
+    init: str | None = None  # warm start: a model directory written by this script (same --arch)
+
+    def resolved(self) -> TrainConfig:
+        cfg = dataclasses.replace(self)
+        for k, v in DEFAULTS[self.arch].items():
+            if getattr(cfg, k) is None:
+                setattr(cfg, k, v)
+        return cfg
+
+
+def build_model(cfg: TrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Any:
+    """A freshly initialised HF causal LM for ``cfg.arch`` (seeded by ``cfg.seed``)."""
+    torch.manual_seed(cfg.seed)
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=eos_id,
+                  tie_word_embeddings=False)
+    if cfg.arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        hf = LlamaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
+                         max_position_embeddings=1024, **common)
+        return LlamaForCausalLM(hf)
+    if cfg.arch == "mamba2":
+        from transformers import Mamba2Config, Mamba2ForCausalLM
+
+        expand = 2
+        hf = Mamba2Config(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, state_size=cfg.d_state,
+                          expand=expand, num_heads=cfg.n_heads, head_dim=expand * cfg.d_model // cfg.n_heads,
+                          n_groups=1, conv_kernel=4, chunk_size=64, **common)
+        return Mamba2ForCausalLM(hf)
+    if cfg.arch == "mamba1":
+        from transformers import MambaConfig, MambaForCausalLM
+
+        hf = MambaConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, state_size=cfg.d_state,
+                         expand=2, conv_kernel=4, use_mambapy=True, **common)
+        return MambaForCausalLM(hf)
+    raise ValueError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(ARCHS)}")
+
+
+def load_init(cfg: TrainConfig, vocab_size: int) -> Any:
+    """Warm start from a directory this script wrote earlier (the same architecture and vocabulary)."""
+    from transformers import AutoModelForCausalLM
+
+    init = Path(str(cfg.init))
+    rec = json.loads((init / "train_config.json").read_text()) if (init / "train_config.json").exists() else {}
+    arch = rec.get("config", {}).get("arch")
+    if arch != cfg.arch:
+        raise ValueError(f"--init {init} holds a {arch!r} model, not --arch {cfg.arch!r}; "
+                         "warm-start from a directory trained with the same --arch")
+    model = AutoModelForCausalLM.from_pretrained(init)
+    if model.config.vocab_size != vocab_size:
+        raise ValueError(f"--init {init} has vocab size {model.config.vocab_size}, the world has {vocab_size}; "
+                         "use the same --world-seed")
+    if cfg.arch == "mamba1":
+        model.config.use_mambapy = True
+    return model
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 10 % of ``cfg.lr`` at ``cfg.steps``."""
+    assert cfg.lr is not None
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def kv_max_at(step: int, cfg: TrainConfig) -> int:
+    """The largest KV dictionary size sampled at ``step`` (linear curriculum)."""
+    frac = min(1.0, step / max(1, cfg.curriculum * cfg.steps))
+    return round(cfg.kv_start + frac * (cfg.kv_max - cfg.kv_start))
+
+
+def save_checkpoint(model: Any, tokenizer: Any, world: World, cfg: TrainConfig, out: Path, record: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.arch == "mamba1":
+        model.config.use_mambapy = False  # loads anywhere; training speed is not a property of the checkpoint
+    model.save_pretrained(out, safe_serialization=True)
+    if cfg.arch == "mamba1":
+        model.config.use_mambapy = True
+    save_world(world, tokenizer, out, kv_sizes=list(range(Mixture().kv_min_pairs, cfg.kv_max + 1)))
+    (out / "train_config.json").write_text(json.dumps(record, indent=1))
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train one model; returns the record written to ``train_config.json``."""
+    cfg = cfg.resolved()
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    world = make_world(cfg.world_seed)
+    tokenizer = build_tokenizer(world)
+    vocab = world.vocab()
+    pad_id = vocab[PAD]
+    if cfg.init:
+        model = load_init(cfg, len(vocab))
+    else:
+        model = build_model(cfg, len(vocab), pad_id, tokenizer.eos_token_id)
+    mix = Mixture(kv_max_pairs=cfg.kv_max, **cfg.mixture)
+    suite = eval_suite(world, seed=10_000 + cfg.world_seed, n=cfg.eval_n)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    rng = random.Random(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train_log.jsonl"
+    log_path.write_text("")
+    n_params = sum(p.numel() for p in model.parameters())
+    record: dict[str, Any] = {"config": dataclasses.asdict(cfg), "mixture": dataclasses.asdict(mix),
+                              "model_class": type(model).__name__, "n_params": n_params,
+                              "torch": torch.__version__, "seeds": {"torch": cfg.seed, "data": cfg.seed,
+                                                                    "world": cfg.world_seed}}
+    print(f"[zoo] {type(model).__name__}: {n_params / 1e6:.3f}M params, vocab {len(vocab)}", flush=True)
+    t0 = time.time()
+    run_loss, run_n, step = 0.0, 0, 0
+    pending: list = []
+    metrics: dict[str, float] = {}
+    for step in range(cfg.steps):
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        if not pending:  # draw `bucket` batches at once and group them by length: less padding per step
+            pool = [sample_doc(world, rng, mix, kv_max_at(step, cfg))[1] for _ in range(cfg.batch_size * cfg.bucket)]
+            pending = length_bucketed(pool, cfg.bucket)
+            rng.shuffle(pending)
+        x, y = collate(pending.pop(), vocab, pad_id)
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                 ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        run_loss += loss.item()
+        run_n += 1
+        minutes = (time.time() - t0) / 60
+        last = step == cfg.steps - 1 or minutes > cfg.max_minutes
+        if (step + 1) % cfg.eval_every == 0 or last:
+            metrics = evaluate(model, suite, vocab, pad_id)
+            row = {"step": step + 1, "minutes": round(minutes, 2), "loss": round(run_loss / run_n, 4),
+                   "lr": lr_at(step, cfg), "kv_max": kv_max_at(step, cfg), **metrics}
+            with log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"[zoo] {json.dumps(row)}", flush=True)
+            run_loss, run_n = 0.0, 0
+            record.update(steps_done=step + 1, wall_minutes=round(minutes, 2), final_metrics=metrics,
+                          stopped_by_time=minutes > cfg.max_minutes)
+            save_checkpoint(model, tokenizer, world, cfg, out, record)
+        elif (step + 1) % cfg.log_every == 0:
+            print(f"[zoo] step {step + 1} loss {run_loss / run_n:.4f} {minutes:.1f} min", flush=True)
+        if last:
+            break
+    return record
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    p = argparse.ArgumentParser(prog="gather-aggregate zoo train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", choices=ARCHS, default="llama")
+    p.add_argument("--out", required=True, help="model directory to write (created if missing)")
+    p.add_argument("--steps", type=int, default=6000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--world-seed", type=int, default=0, help="seed of the vocabulary and facts (keep 0 for the zoo)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--bucket", type=int, default=4, help="batches drawn at once and grouped by length")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=100)
+    for name in ("d-model", "n-layers", "n-heads", "d-ff", "d-state"):
+        p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--kv-start", type=int, default=4)
+    p.add_argument("--kv-max", type=int, default=16)
+    p.add_argument("--curriculum", type=float, default=0.4, help="share of the steps over which KV size grows")
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-n", type=int, default=128)
+    p.add_argument("--max-minutes", type=float, default=90.0)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--mixture", type=str, default="{}", help='JSON overrides of data.Mixture, e.g. \'{"kv": 0.5}\'')
+    p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
+    a = p.parse_args(argv)
+    kw = {k: v for k, v in vars(a).items() if k != "mixture"}
+    return TrainConfig(mixture=json.loads(a.mixture), **kw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    train(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""The zoo's training pipeline: world/tokenizer, data formats, a 20-step smoke run of every trainer,
+and claim (a) on the shipped checkpoints (retraining it is a slow-marker test)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from gather_aggregate.zoo.data import (
+    Mixture,
+    collate,
+    encode_doc,
+    kv_doc,
+    kv_prompt,
+    mc_doc,
+    mc_prompt,
+    sample_doc,
+)
+from gather_aggregate.zoo.quick_eval import ablate_heads, eval_suite, evaluate
+from gather_aggregate.zoo.vocab import build_tokenizer, make_world, split_words
+
+WORLD = make_world(0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(WORLD)
+
+
+def _text(doc):
+    return "".join(t for t, _ in doc)
+
+
+def test_world_is_deterministic_and_balanced():
+    again = make_world(0)
+    assert again.facts == WORLD.facts and again.kv_keys == WORLD.kv_keys
+    assert make_world(1).facts != WORLD.facts
+    counts = Counter(WORLD.facts.values())
+    assert set(counts) == set(WORLD.attributes) and len(set(counts.values())) == 1
+    words = WORLD.words
+    assert len(words) == len(set(words))
+    assert not set(WORLD.kv_keys) & set(WORLD.entities)
+
+
+def test_tokenizer_matches_python_split_and_has_every_contract_word(tokenizer):
+    rng = random.Random(1)
+    mix = Mixture()
+    vocab = WORLD.vocab()
+    for _ in range(200):
+        _, doc = sample_doc(WORLD, rng, mix)
+        ids, _ = encode_doc(doc, vocab)
+        assert tokenizer(_text(doc))["input_ids"] == ids
+    k, v = WORLD.kv_keys[0], WORLD.kv_values[5]
+    prompts = [kv_prompt([(k, v), (WORLD.kv_keys[1], WORLD.kv_values[0])], k) + f" {v}",
+               mc_prompt("color", WORLD.entities[0], [("A", "red"), ("B", "blue")]) + " A",
+               f"The color of {WORLD.entities[3]} is red"]
+    for p in prompts:
+        assert tokenizer.unk_token_id not in tokenizer(p)["input_ids"], p
+    assert tokenizer("zzz")["input_ids"] == [tokenizer.unk_token_id]
+    assert split_words("key 'ab' is\n") == ["key", "'", "ab", "'", "is", "\n"]
+    # No BOS/EOS is added, so add_special_tokens is harmless.
+    assert tokenizer("The color of", add_special_tokens=True)["input_ids"] == tokenizer("The color of")["input_ids"]
+
+
+def test_kv_doc_first_query_is_the_evaluation_prompt():
+    rng = random.Random(2)
+    doc = kv_doc(WORLD, rng, n_pairs=6, n_queries=5)
+    prompt, answer = doc[0][0], doc[1][0]
+    lines = prompt.split("\n")
+    pairs = [tuple(line.split(":")) for line in lines[1:7]]
+    key = prompt.split("'")[1]
+    assert prompt == kv_prompt(pairs, key)
+    assert answer == f" {dict(pairs)[key]}" and doc[1][1]
+    # every later query is supervised with the dictionary's value
+    for (q, is_t), (a, is_a) in zip(doc[2::2], doc[3::2]):
+        assert not is_t and is_a and a == f" {dict(pairs)[q.split(chr(39))[1]]}"
+
+
+def test_letter_mc_docs_remove_the_positional_shortcuts():
+    rng = random.Random(3)
+    mix = Mixture()
+    n_options, orders, lengths, prefixes = Counter(), Counter(), Counter(), Counter()
+    for _ in range(400):
+        doc = mc_doc(WORLD, rng, mix, letter=True)
+        prompt = doc[0][0]
+        head, _, rest = prompt.partition("Question:")
+        prefixes[len(head.split())] += 1
+        entity = rest.split(" of ")[1].split("?")[0]
+        option_lines = [ln for ln in rest.split("\n")[1:] if ln and not ln.startswith("Answer")]
+        letters = [ln.split(".")[0] for ln in option_lines]
+        n_options[len(letters)] += 1
+        orders[letters == sorted(letters)] += 1
+        for ln in option_lines:
+            lengths[len(ln.split(". ", 1)[1].split())] += 1
+        correct = next(ln.split(".")[0] for ln in option_lines if WORLD.facts[entity] in ln.split())
+        assert doc[1] == (f" {correct}", True)
+    assert set(n_options) == {3, 4, 5}
+    assert orders[True] > 50 and orders[False] > 50
+    assert set(lengths) == {1, 2, 3}
+    assert set(prefixes) == set(range(mix.max_filler + 1))
+
+
+def test_collate_supervises_only_target_tokens():
+    rng = random.Random(4)
+    vocab = WORLD.vocab()
+    docs = [kv_doc(WORLD, rng, 3, 2), mc_doc(WORLD, rng, Mixture(), letter=True)]
+    x, y = collate(docs, vocab, pad_id=vocab["<pad>"])
+    for b, doc in enumerate(docs):
+        ids, tgt = encode_doc(doc, vocab)
+        want = [ids[t + 1] if tgt[t + 1] else -100 for t in range(len(ids) - 1)]
+        assert y[b, : len(ids) - 1].tolist() == want
+        assert (y[b, len(ids) - 1 :] == -100).all()
+        assert (x[b, len(ids) :] == vocab["<pad>"]).all()
+    assert (y != -100).sum() == sum(sum(encode_doc(d, vocab)[1]) for d in docs)
+
+
+SMOKE = {
+    "llama": ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64"],
+    "mamba2": ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-state", "8"],
+    "mamba1": ["--d-model", "32", "--n-layers", "2", "--d-state", "4"],
+}
+
+
+@pytest.mark.parametrize("arch", list(SMOKE))
+def test_20_step_smoke_run_writes_a_loadable_model_directory(arch, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gather_aggregate.zoo.train import main
+
+    out = tmp_path / arch
+    argv = ["--arch", arch, "--out", str(out), "--steps", "20", "--seed", "3", "--threads", "1",
+            "--batch-size", "8", "--bucket", "2", "--eval-every", "10", "--eval-n", "8",
+            "--kv-max", "6", "--lr", "3e-3", *SMOKE[arch]]
+    assert main(argv) == 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "facts.json", "zoo_tasks.json",
+                 "train_config.json", "train_log.jsonl"):
+        assert (out / name).is_file(), name
+    record = json.loads((out / "train_config.json").read_text())
+    assert record["steps_done"] == 20 and record["config"]["seed"] == 3 and record["seeds"]["world"] == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [10, 20]
+    assert log[-1]["loss"] < log[0]["loss"] + 0.5  # training runs and stays finite
+    assert all(0.0 <= log[-1][k] <= 1.0 for k in ("kv4", "letter_mc", "content_mc", "knowledge"))
+    facts = json.loads((out / "facts.json").read_text())
+    assert facts["facts"] == WORLD.facts and facts["relation"] == "color"
+    tasks = json.loads((out / "zoo_tasks.json").read_text())
+    assert tasks["kv_keys"] == WORLD.kv_keys and max(tasks["kv_dict_sizes_trained"]) == 6
+
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == record["model_class"]
+    assert getattr(model.config, "use_mambapy", False) is False  # loads without mambapy
+    ids = tok(kv_prompt([(WORLD.kv_keys[0], WORLD.kv_values[0])], WORLD.kv_keys[0]), return_tensors="pt")["input_ids"]
+    assert tok.unk_token_id not in ids[0].tolist()
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all()
+    # the logged metrics are reproduced by re-evaluating the saved checkpoint
+    suite = eval_suite(WORLD, seed=10_000, n=8)
+    again = evaluate(model, suite, WORLD.vocab(), WORLD.vocab()["<pad>"])
+    assert again == {k: log[-1][k] for k in again}
+
+
+def test_ablate_heads_changes_outputs_only_inside_the_block(tmp_path):
+    from gather_aggregate.testing import tiny_llama
+
+    model, _ = tiny_llama(vocab_size=50)
+    x = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        clean = model(input_ids=x).logits
+        with ablate_heads(model, [(0, 1), (1, 3)]):
+            ablated = model(input_ids=x).logits
+        after = model(input_ids=x).logits
+    assert not torch.allclose(clean, ablated)
+    assert torch.equal(clean, after)
+    with pytest.raises(RuntimeError), torch.no_grad(), ablate_heads(model, [(1, 0)]):
+        raise RuntimeError("boom")
+    assert torch.equal(model(input_ids=x).logits.detach(), clean)
