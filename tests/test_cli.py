@@ -1,0 +1,79 @@
+"""Issue 7: every subcommand runs on a tiny config model and writes its outputs; errors are one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gather_aggregate.cli import main
+
+
+@pytest.fixture(scope="module")
+def results(tiny_llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli")
+    common = ["--model", str(tiny_llama_dir), "--task", "kv", "--n", "6", "--dict-size", "4", "--seed", "1"]
+    for cmd in (["eval"], ["scan"], ["detect"], ["ablate", "--heads", "1.0,1.2"], ["pattern", "--layer", "1"]):
+        assert main([*cmd, *common, "--out", str(out / cmd[0])]) == 0
+    return out
+
+
+def test_eval_writes_accuracy(results):
+    data = json.loads((results / "eval" / "eval.json").read_text())
+    assert data["n"] == 6 and 0.0 <= data["accuracy"] <= 1.0 and len(data["examples"]) == 6
+
+
+def test_scan_writes_a_ranked_table(results):
+    data = json.loads((results / "scan" / "scan.json").read_text())
+    assert data["meta"]["complete"] is True
+    assert sorted(r["rank"] for r in data["rows"]) == list(range(1, 9))
+    assert (results / "scan" / "scan.csv").read_text().startswith("layer,head,kind,score")
+
+
+def test_detect_and_ablate_and_pattern(results):
+    det = json.loads((results / "detect" / "detect.json").read_text())
+    assert {"gather", "aggregate", "aggregate_hit", "ablation_drop"} <= set(det["rows"][0])
+    abl = json.loads((results / "ablate" / "ablate.json").read_text())
+    assert abl["heads"] == [[1, 0], [1, 2]] and "kv" in abl["clean"] and "kv" in abl["ablated"]
+    pat = json.loads((results / "pattern" / "pattern.json").read_text())
+    assert len(pat["pattern"]) == 4 and len(pat["pattern"][0]) == len(pat["tokens"])
+
+
+def test_report_from_results(results):
+    assert main(["report", "--results", str(results), "--out", str(results)]) == 0
+    html = (results / "report.html").read_text()
+    assert "Head scan" in html and "Gather / Aggregate scores" in html and "<script" in html
+    assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?:", html)  # JS inlined, nothing fetched
+
+
+def test_zoo_list(capsys):
+    from gather_aggregate.zoo import list_zoo
+
+    assert main(["zoo", "list"]) == 0
+    assert capsys.readouterr().out.split() == [w for name, path in list_zoo().items() for w in (name, str(path))]
+
+
+def _cli(*argv, env_extra=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "gather_aggregate.cli", *argv], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["eval", "--model", "/no/such/model"], "download it first"),
+    (["eval", "--model", "TINY", "--task", "nonsense"], "unknown task"),
+    (["eval", "--model", "TINY", "--out", "/proc/forbidden"], "writable"),
+    (["ablate", "--model", "TINY", "--heads", "9.9"], "out of range"),
+])
+def test_errors_are_one_line_with_the_fix(argv, needle, tiny_llama_dir):
+    argv = [str(tiny_llama_dir) if a == "TINY" else a for a in argv]
+    out = _cli(*argv)
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("gather-aggregate")]
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+    debug = _cli(*argv, "--debug")
+    assert "Traceback" in debug.stderr
