@@ -197,18 +197,40 @@ def mamba2_implied_attention(
 
 
 # ============================================================================ Mamba-1
+#: Elements (fp32) of one working tile: the off-diagonal key tile, the diagonal-block temporaries and the
+#: row-query tiles are each capped near this size (8 MiB), so temporaries stay cache-sized and are recycled
+#: by the allocator instead of being page-faulted in afresh for every block.
+_TILE = 2**21
+#: Tile-sized temporaries alive at once (a bound, used by the memory estimate).
+_N_TILES = 5
+
+
+def _tile_elems(max_bytes: int) -> int:
+    """Tile size for a budget: at most :data:`_TILE`, and small enough that the tiles use < 1/3 of the budget."""
+    return int(max(1024, min(_TILE, max_bytes // (4 * 4 * _N_TILES))))
+
+
 def mamba1_implied_bytes(batch: int, L: int, n_out_heads: int, d_state: int, n_rows: int | None,
-                         channel_chunk: int = 1, block: int | None = None) -> tuple[int, int]:
-    """(output bytes, working bytes for ``channel_chunk`` channels at a time) of :func:`mamba1_implied_attention`."""
+                         channel_chunk: int = 1, block: int | None = None, *, tile: int = _TILE,
+                         per_channel_temp: bool = False) -> tuple[int, int]:
+    """(output bytes, working bytes for ``channel_chunk`` channels at a time) of :func:`mamba1_implied_attention`.
+
+    ``per_channel_temp``: the channels' own matrices are materialised before they are reduced into their
+    heads (``reduce="abs_mean"``, or query rows with ``head_size > 1``); otherwise channels are written, or
+    summed inside the contraction, straight into the output.
+    """
     Q = L if n_rows is None else n_rows
     out = 4 * batch * n_out_heads * Q * L
     c = channel_chunk
     if n_rows is None:
-        T = block or _block_size(L)
-        work = 4 * batch * c * (Q * L + 4 * L * d_state + T * L + T * T * d_state) + 8 * batch * c * T * T
+        # τ (float64) and Δ of the chunk, and the query/key factors [L, N] per channel (with their transients)
+        per = 8 * L + 4 * L + 4 * 3 * L * d_state
     else:
-        work = 4 * batch * c * Q * L * (3 * d_state + 3) + 8 * batch * c * Q * L
-    return out, work
+        per = 8 * L + 4 * L  # τ (float64) and Δ of the chunk; the tiles hold the rest
+    if per_channel_temp:
+        per += 4 * Q * L
+    fixed = 4 * _N_TILES * tile if c else 0
+    return out, batch * c * per + fixed
 
 
 def mamba1_implied_attention(
@@ -231,8 +253,12 @@ def mamba1_implied_attention(
         heads: head indices (head ``h`` = channels ``h*head_size .. (h+1)*head_size-1``); default all.
         head_size: channels per head; a head's matrix is the ``reduce`` of its channels' matrices:
             ``"mean"`` (default), ``"abs_mean"`` (mean of ``|α_d|``, no cancellation) or ``"sum"``.
+            For ``"mean"``/``"sum"`` the sum over a head's channels happens inside the contraction
+            (one matmul over ``head_size · d_state``), so coarse heads over long prompts are cheap:
+            memory O(L² · heads + L · d_inner · d_state).
         rows: ``[batch, n_rows]`` query positions (e.g. each prompt's final token for Aggregate
-            heads, segment summary tokens for Gather heads): cost O(rows · L · d_inner · d_state).
+            heads, segment summary tokens for Gather heads): cost O(rows · L · d_inner · d_state),
+            memory O(rows · L · heads) plus cache-sized tiles.
         dt_scaling: include the ``Δ_s`` factor (default; reconstructs ``y`` from the post-conv x).
         max_bytes: memory budget; raises :class:`MemoryBudgetError` (naming cheaper requests) past it.
         block: block length of the full-matrix path (default ~sqrt(L), 8..64).
@@ -248,93 +274,172 @@ def mamba1_implied_attention(
     n_rows = None if rows is None else rows.shape[1]
     Q = L if rows is None else n_rows
     T = block or _block_size(L)
-    out_b, work1 = mamba1_implied_bytes(b, L, len(hs), N, n_rows, 1, T)
+    tile = _tile_elems(max_bytes)
+    # channels of a head are summed inside the contraction (full matrix, mean/sum) or come one per head
+    fused = rows is None and reduce != "abs_mean"
+    temp = head_size > 1 and not fused
+
+    def need(n_heads: int, n_r: int | None, chunk: int, L_: int = L, temp_: bool = temp) -> tuple[int, int]:
+        return mamba1_implied_bytes(b, L_, n_heads, N, n_r, chunk, T, tile=tile, per_channel_temp=temp_)
+
+    out_b, work1 = need(len(hs), n_rows, 1)
     if out_b + work1 > max_bytes:
         coarse = min((g for g in (64, 128, 256, 512, D) if D % g == 0 and g > head_size), default=D)
-        opts = [f"rows=[-1] (the final query: {_gib(sum(mamba1_implied_bytes(b, L, len(hs), N, 1, 1, T)))})",
-                f"fewer heads, e.g. heads=[{hs[0]}] ({_gib(sum(mamba1_implied_bytes(b, L, 1, N, n_rows, 1, T)))})",
+        opts = [f"rows=[-1] (the final query: {_gib(sum(need(len(hs), 1, 1, temp_=head_size > 1)))})",
+                f"fewer heads, e.g. heads=[{hs[0]}] ({_gib(sum(need(1, n_rows, 1)))})",
                 f"coarser channel groups, head_size={coarse} with reduce='mean' "
-                f"({_gib(sum(mamba1_implied_bytes(b, L, max(1, len(hs) * head_size // coarse), N, n_rows, 1, T)))})",
+                f"({_gib(sum(need(max(1, len(hs) * head_size // coarse), n_rows, 1, temp_=rows is not None)))})",
                 f"a shorter prompt (L={L // 2}: "
-                f"{_gib(sum(mamba1_implied_bytes(b, L // 2, len(hs), N, None if rows is None else min(Q, L // 2), 1, T)))})"]
+                f"{_gib(sum(need(len(hs), None if rows is None else min(Q, L // 2), 1, L // 2)))})"]
         raise _budget_error(f"Mamba-1 implied attention ({b} x {len(hs)} heads x {Q} x {L})", out_b + work1,
                             max_bytes, opts)
-    per_channel = work1 - mamba1_implied_bytes(b, L, len(hs), N, n_rows, 0, T)[1]
-    chunk = max(1, int((max_bytes - out_b) // max(per_channel, 1)))
+    per_channel = need(len(hs), n_rows, 2)[1] - work1
+    chunk = max(1, int((max_bytes - out_b - (work1 - per_channel)) // max(per_channel, 1)))
 
     channels = torch.tensor([h * head_size + j for h in hs for j in range(head_size)], device=dt.device)
     slot = torch.arange(len(hs), device=dt.device).repeat_interleave(head_size)  # output head of each channel
     tau = torch.cumsum(dt.double(), 1)  # [b, L, D]: τ_t = Σ_{k≤t} Δ_k
-    out = torch.zeros(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
+    w = dt.float()
     Af, Bf, Cf = A.float(), B.float(), C.float()
-    for i in range(0, len(channels), chunk):
-        ch = channels[i:i + chunk]
+    # every entry of a per-channel output is written exactly once; grouped outputs accumulate
+    alloc = torch.zeros if head_size > 1 else torch.empty
+    out = alloc(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
+    for i, j in _channel_pieces(len(channels), head_size, chunk, whole_groups=fused):
+        ch = channels[i:j]
+        tau_c, w_c, A_c = tau[:, :, ch], (w[:, :, ch] if dt_scaling else None), Af[ch]
+        if rows is None and (head_size == 1 or fused):
+            group = min(head_size, j - i)  # a piece is whole heads, or a part of one head
+            dst = out[:, i // head_size:-(-j // head_size)]
+            _mamba1_full(tau_c, w_c, A_c, Bf, Cf, T, group, dst, accumulate=head_size > 1, tile=tile)
+            continue
+        alpha = out[:, i:j] if head_size == 1 else torch.empty(b, j - i, Q, L, dtype=torch.float32, device=dt.device)
         if rows is None:
-            alpha = _mamba1_full(tau[:, :, ch], dt[:, :, ch].float(), Af[ch], Bf, Cf, T, dt_scaling)
+            _mamba1_full(tau_c, w_c, A_c, Bf, Cf, T, 1, alpha, accumulate=False, tile=tile)
         else:
-            alpha = _mamba1_rows(tau[:, :, ch], dt[:, :, ch].float(), Af[ch], Bf, Cf, rows, dt_scaling)
-        if head_size == 1:
-            out[:, i:i + len(ch)] = alpha
-        else:
-            out.index_add_(1, slot[i:i + len(ch)], alpha.abs() if reduce == "abs_mean" else alpha)
+            _mamba1_rows(tau_c, w_c, A_c, Bf, Cf, rows, alpha, tile=tile)
+        if head_size > 1:
+            out.index_add_(1, slot[i:j], alpha.abs_() if reduce == "abs_mean" else alpha)
     if head_size > 1 and reduce != "sum":
         out /= head_size
     return out
 
 
-def _mamba1_rows(tau: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, rows: Tensor,
-                 dt_scaling: bool) -> Float[Tensor, "batch channel n_rows key"]:
-    """α_d[t, s] for the query rows only: ``Σ_n C_t B_s exp(A (τ_t - τ_s))`` for s ≤ t."""
-    b, L, c = tau.shape
-    N = A.shape[1]
-    tq = tau.gather(1, rows[:, :, None].expand(-1, -1, c))  # [b, R, c]
-    gap = tq[:, :, None, :] - tau[:, None, :, :]  # [b, R, L, c] ≥ 0 where causal
-    causal = rows[:, :, None] >= torch.arange(L, device=tau.device)[None, None, :]  # [b, R, L]
-    gap = gap.clamp_min(0).float()
-    Cq = C.gather(1, rows[:, :, None].expand(-1, -1, N))  # [b, R, N]
-    cb = Cq[:, :, None, :] * B[:, None, :, :]  # [b, R, L, N]
-    decay = torch.exp(gap[..., None] * A)  # [b, R, L, c, N]
-    alpha = torch.matmul(decay, cb[..., None])[..., 0]  # [b, R, L, c]
-    alpha = alpha * causal[..., None]
-    if dt_scaling:
-        alpha = alpha * dt[:, None, :, :]
-    return alpha.permute(0, 3, 1, 2)
+def _channel_pieces(n: int, head_size: int, chunk: int, whole_groups: bool) -> list[tuple[int, int]]:
+    """Ranges of the channel list processed at once: whole heads when they fit, else parts of one head."""
+    if head_size == 1 or not whole_groups:
+        return [(i, min(n, i + chunk)) for i in range(0, n, chunk)]
+    if chunk >= head_size:
+        step = chunk // head_size * head_size
+        return [(i, min(n, i + step)) for i in range(0, n, step)]
+    return [(h + k, h + min(head_size, k + chunk)) for h in range(0, n, head_size) for k in range(0, head_size, chunk)]
 
 
-def _mamba1_full(tau: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, T: int,
-                 dt_scaling: bool) -> Float[Tensor, "batch channel query key"]:
-    """All rows of α_d for a chunk of channels, by the block split described in the module docstring."""
+def _mamba1_rows(tau: Tensor, w: Tensor | None, A: Tensor, B: Tensor, C: Tensor, rows: Tensor,
+                 dst: Float[Tensor, "batch channel n_rows key"], *, tile: int) -> None:
+    """Write α_d[t, s] = ``Σ_n C_t B_s exp(A (τ_t - τ_s)) · w_s`` (zero for s > t) of the query rows into ``dst``.
+
+    Tiled over (rows, keys) so that each tile of ``[channel, rows, keys]`` stays cache-sized; the sum
+    over ``n`` is a loop of fused in-place ops on the tile (no ``[.., N]`` temporary).
+    """
     b, L, c = tau.shape
     N = A.shape[1]
+    R = rows.shape[1]
+    rc = max(1, min(R, tile // max(1, c * 64)))  # query rows per tile
+    pos = torch.arange(L, device=tau.device)
+    An = [A[:, n, None, None] for n in range(N)]
+    for bi in range(b):
+        tauT = tau[bi].T  # [c, L] float64
+        for r0 in range(0, R, rc):
+            rr = rows[bi, r0:r0 + rc]
+            nr = rr.shape[0]
+            tmax = int(rr.max())
+            S = max(1, min(L, tile // (nr * c)))  # keys per tile
+            tq = tau[bi, rr].T[:, :, None]  # [c, nr, 1]
+            cq = C[bi, rr]  # [nr, N]
+            for s0 in range(0, L, S):
+                s1 = min(L, s0 + S)
+                view = dst[bi, :, r0:r0 + nr, s0:s1]
+                if s0 > tmax:  # the whole tile is above the diagonal
+                    view.zero_()
+                    continue
+                gap = (tq - tauT[:, None, s0:s1]).clamp_min_(0).float()  # [c, nr, S]: float64 difference
+                cb = (cq[:, None, :] * B[bi, None, s0:s1, :]).permute(2, 0, 1)  # [N, nr, S]
+                acc = torch.zeros_like(gap)
+                e = torch.empty_like(gap)
+                for n in range(N):
+                    torch.mul(gap, An[n], out=e).exp_()
+                    acc.addcmul_(e, cb[n])
+                acc *= rr[:, None] >= pos[None, s0:s1]
+                if w is not None:
+                    acc *= w[bi, s0:s1].T[:, None, :]
+                view.copy_(acc)
+
+
+def _mamba1_full(tau: Tensor, w: Tensor | None, A: Tensor, B: Tensor, C: Tensor, T: int, group: int,
+                 out: Float[Tensor, "batch head query key"], *, accumulate: bool, tile: int) -> None:
+    """Write (or add) the sums over consecutive ``group``-channel groups of α_d into ``out`` (all rows).
+
+    The block split of the module docstring: for query block ``q`` and key block ``k < q``,
+    ``α[t, s] = Σ_{d,n} qry[t, d, n] · mid_{qk}[d, n] · key[s, d, n]`` — one matmul over the
+    ``group · N`` contraction per tile of key blocks (so a group's sum over channels costs no more
+    than one channel's matrix).  Diagonal blocks use direct float64 segsum decays.
+    """
+    b, L, c = tau.shape
+    N = A.shape[1]
+    G, K = c // group, group * N
     nb = -(-L // T)
     pad = nb * T - L
-    if pad:  # padded keys/queries get Δ = 0, B = C = 0: they contribute nothing and are cut at the end
+    if w is None:
+        w = torch.ones(tau.shape, dtype=torch.float32, device=tau.device)
+    if pad:  # padded keys/queries get Δ = 0, B = C = 0: they contribute nothing and are never written out
         tau = torch.cat([tau, tau[:, -1:].expand(-1, pad, -1)], 1)
-        dt, B, C = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (dt, B, C))
+        w, B, C = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (w, B, C))
     tb = tau.view(b, nb, T, c)
     ends = tb[:, :, -1]  # τ at each block end: [b, nb, c]
     starts = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1)  # τ just before each block
-    w = (dt if dt_scaling else torch.ones_like(dt)).view(b, nb, T, c)
-    Bb, Cb = B.view(b, nb, T, N), C.view(b, nb, T, N)
+    wb, Bb, Cb = w.view(b, nb, T, c), B.view(b, nb, T, N), C.view(b, nb, T, N)
+
+    def factor(x: Tensor, gap: Tensor, scale: Tensor | None) -> Tensor:  # -> [b, G, nb, T, group·N]
+        f = torch.exp(gap.float()[..., None] * A)  # [b, nb, T, c, N], every gap ≥ 0
+        f *= x[:, :, :, None, :]
+        if scale is not None:
+            f *= scale[..., None]
+        return f.view(b, nb, T, G, K).permute(0, 3, 1, 2, 4).contiguous()
+
     # key factor: B_s Δ_s · decay from s to its block end;  query factor: C_t · decay from block start to t
-    key = Bb[:, :, :, None, :] * w[..., None] * torch.exp((ends[:, :, None] - tb).float()[..., None] * A)
-    qry = Cb[:, :, :, None, :] * torch.exp((tb - starts[:, :, None]).float()[..., None] * A)  # [b, nb, T, c, N]
-    key = key.permute(0, 3, 1, 2, 4)  # [b, c, nb, T, N]
-    qry = qry.permute(0, 3, 1, 2, 4)
-    out = tau.new_zeros(b, c, nb * T, nb * T, dtype=torch.float32)
-    causal = torch.ones(T, T, dtype=torch.bool, device=tau.device).tril()
+    qry = factor(Cb, tb - starts[:, :, None], None)
+    key = factor(Bb, ends[:, :, None] - tb, wb)
+    nk = max(1, tile // max(1, b * G * T * K))  # key blocks per off-diagonal tile
+    cc = max(1, min(c, tile // max(1, b * T * T)))  # channels per diagonal tile
+    An = [A[:, n] for n in range(N)]
+    keep = torch.ones(T, T, dtype=torch.bool, device=tau.device).tril()
     for q in range(nb):
-        rs = slice(q * T, (q + 1) * T)
-        if q > 0:
+        r0, r1 = q * T, min(L, (q + 1) * T)
+        nr = r1 - r0
+        qq = qry[:, :, q, :nr]  # [b, G, nr, K]
+        for k0 in range(0, q, nk):
+            k1 = min(q, k0 + nk)
             # decay between the end of key block k and the start of query block q (k < q)
-            mid = torch.exp((starts[:, q, None] - ends[:, :q]).float().permute(0, 2, 1)[..., None] * A[None, :, None])
-            qm = qry[:, :, q, None] * mid[:, :, :, None, :]  # [b, c, q, T, N]
-            off = torch.matmul(qm, key[:, :, :q].transpose(-1, -2))  # [b, c, q(k), T(t), T(s)]
-            out[:, :, rs, : q * T] = off.permute(0, 1, 3, 2, 4).reshape(b, c, T, q * T)
-        # diagonal block: direct segsum decays within the block
-        gap = (tb[:, q, :, None] - tb[:, q, None, :]).clamp_min(0).float()  # [b, T(t), T(s), c]
-        decay = torch.exp(gap.permute(0, 3, 1, 2)[..., None] * A[None, :, None, None, :])  # [b, c, t, s, N]
-        cb = Cb[:, q, :, None, :] * Bb[:, q, None, :, :]  # [b, t, s, N]
-        diag = (decay * cb[:, None]).sum(-1) * w[:, q].permute(0, 2, 1)[:, :, None, :]
-        out[:, :, rs, rs] = diag * causal
-    return out[:, :, :L, :L]
+            mid = torch.exp((starts[:, q, None] - ends[:, k0:k1]).float()[..., None] * A)  # [b, k, c, N]
+            keym = key[:, :, k0:k1] * mid.view(b, k1 - k0, G, K).transpose(1, 2)[:, :, :, None, :]
+            off = torch.matmul(qq, keym.view(b, G, (k1 - k0) * T, K).transpose(-1, -2))  # [b, G, nr, kT]
+            dst = out[:, :, r0:r1, k0 * T:k1 * T]
+            dst.add_(off) if accumulate else dst.copy_(off)
+        # diagonal block: Σ_n C_t B_s exp(A (τ_t - τ_s)) per channel, then Δ_s and the group sum
+        tq = tb[:, q]  # [b, T, c] float64
+        cb = (Cb[:, q, :, None, :] * Bb[:, q, None, :, :]).permute(3, 0, 1, 2)[..., None]  # [N, b, t, s, 1]
+        res = torch.zeros(b, T, T, c, dtype=torch.float32, device=tau.device)
+        for c0 in range(0, c, cc):
+            c1 = min(c, c0 + cc)
+            gap = (tq[:, :, None, c0:c1] - tq[:, None, :, c0:c1]).clamp_min_(0).float()  # [b, t, s, cc]
+            e = torch.empty_like(gap)
+            acc = res[..., c0:c1]
+            for n in range(N):
+                torch.mul(gap, An[n][c0:c1], out=e).exp_()
+                acc.addcmul_(e, cb[n])
+        res *= wb[:, q, None]
+        diag = res.view(b, T, T, G, group).sum(-1).permute(0, 3, 1, 2) * keep  # [b, G, t, s]
+        dst = out[:, :, r0:r1, r0:r1]
+        dst.add_(diag[:, :, :nr, :nr]) if accumulate else dst.copy_(diag[:, :, :nr, :nr])
+        if not accumulate and r1 < L:
+            out[:, :, r0:r1, r1:].zero_()

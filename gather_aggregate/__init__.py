@@ -23,8 +23,11 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.loading import from_hf_model, load_model, supported_model_types
-    from gather_aggregate.protocol import HookedModel, LayerInfo
+    from gather_aggregate.loading import from_hf_model as from_hf_model
+    from gather_aggregate.loading import load_model as load_model
+    from gather_aggregate.loading import supported_model_types as supported_model_types
+    from gather_aggregate.protocol import HookedModel as HookedModel
+    from gather_aggregate.protocol import LayerInfo as LayerInfo
 
 
 def __getattr__(name: str) -> Any:

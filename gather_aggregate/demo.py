@@ -48,7 +48,7 @@ def run_quickstart(args: argparse.Namespace) -> int:
         ent = row_entropy(pat)
         name, axis = model.head_hook(info.index)
         for h in range(info.n_heads):
-            def zero(z, hook, h=h):
+            def zero(z, hook, h=h, axis=axis):
                 z = z.clone()
                 z.select(axis, h).zero_()
                 return z

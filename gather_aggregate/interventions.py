@@ -114,7 +114,7 @@ def ablation_hooks(model: Any, heads: Sequence[Head], replacement: Replacement) 
     for layer, hs in group_by_layer(heads).items():
         name, axis = model.head_hook(layer)
 
-        def hook(z: Tensor, hook: Any, layer: int = layer, hs: list[int] = hs) -> Tensor:
+        def hook(z: Tensor, hook: Any, layer: int = layer, hs: list[int] = hs, axis: int = axis) -> Tensor:
             z = z.clone()
             for h in hs:
                 z.select(axis, h).copy_(replacement.values(layer, h, z.select(axis, h)))

@@ -66,7 +66,7 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
             name, axis = model.head_hook(layer)
             resid = cache[model.resid_hook(layer)]
 
-            def fill(e: Edit, cur: Any, layer: int = layer) -> Any:
+            def fill(e: Edit, cur: Any, layer: int = layer, axis: int = axis) -> Any:
                 src = clean_z[layer].select(axis, e.head)  # [batch, pos, d_head]
                 return src if e.position is None else src[:, e.position]
 

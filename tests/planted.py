@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformer_lens.ActivationCache import ActivationCache
-from transformer_lens.HookedRootModule import HookedRootModule
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
 

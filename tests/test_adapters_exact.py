@@ -17,7 +17,6 @@ from gather_aggregate.adapters import load_ssm
 from gather_aggregate.adapters.testing import hf_logits, tiny_hf_ssm
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Tiny ops run far faster single-threaded on a shared 2-core box (no OpenMP barrier stalls)."""

@@ -28,10 +28,10 @@ def _best_time(cmd: list[str], repeats: int = 3) -> float:
 
 
 def test_import_is_lazy():
-    out = _run("import sys, gather_aggregate; print(','.join(m for m in %r if m in sys.modules))" % (HEAVY,))
+    out = _run(f"import sys, gather_aggregate; print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
     assert out.stdout.strip() == "", f"import gather_aggregate pulled in {out.stdout.strip()}"
     out = _run("import sys; from gather_aggregate import cli; cli.build_parser(); "
-               "print(','.join(m for m in %r if m in sys.modules))" % (HEAVY,))
+               f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
     assert out.stdout.strip() == ""
 
 
@@ -63,8 +63,8 @@ def test_wheel_contains_and_imports_adapters(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
-    code = ("import sys; sys.path.insert(0, %r); import gather_aggregate.adapters as a, gather_aggregate as g; "
-            "print(a.__file__); print(g.__file__)") % str(target)
+    code = (f"import sys; sys.path.insert(0, {str(target)!r}); import gather_aggregate.adapters as a, gather_aggregate as g; "
+            "print(a.__file__); print(g.__file__)")
     out = _run(code, cwd=str(tmp_path)).stdout.split()
     assert out[0].startswith(str(target)) and out[0].endswith("gather_aggregate/adapters/__init__.py")
     assert out[1].startswith(str(target))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.zoo.data import EvalItem, kv_eval_items, knowledge_eval_items, mc_eval_items
+from gather_aggregate.zoo.data import EvalItem, knowledge_eval_items, kv_eval_items, mc_eval_items
 from gather_aggregate.zoo.quick_eval import ablate_heads, accuracy, n_heads
 from gather_aggregate.zoo.vocab import World, split_words
 
