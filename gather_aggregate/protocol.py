@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from jaxtyping import Float, Int
     from torch import Tensor
-    from transformer_lens.ActivationCache import ActivationCache
 
 LayerKind = Literal["attn", "ssm"]
 Head = tuple[int, int]  # (layer, head)
