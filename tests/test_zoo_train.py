@@ -122,6 +122,7 @@ SMOKE = {
     "llama": ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64"],
     "mamba2": ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-state", "8"],
     "mamba1": ["--d-model", "32", "--n-layers", "2", "--d-state", "4"],
+    "bamba": ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64", "--d-state", "8"],
 }
 
 
@@ -162,6 +163,19 @@ def test_20_step_smoke_run_writes_a_loadable_model_directory(arch, tmp_path):
     suite = eval_suite(WORLD, seed=10_000, n=8)
     again = evaluate(model, suite, WORLD.vocab(), WORLD.vocab()["<pad>"])
     assert again == {k: log[-1][k] for k in again}
+
+
+def test_warm_start_continues_from_a_checkpoint_and_checks_the_arch(tmp_path):
+    from gather_aggregate.zoo.train import main
+
+    base = ["--steps", "4", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "4",
+            "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
+    assert main(["--arch", "llama", "--out", str(tmp_path / "a"), *base]) == 0
+    assert main(["--arch", "llama", "--out", str(tmp_path / "b"), "--init", str(tmp_path / "a"), *base]) == 0
+    rec = json.loads((tmp_path / "b" / "train_config.json").read_text())
+    assert rec["config"]["init"] == str(tmp_path / "a")
+    with pytest.raises(ValueError, match="holds a 'llama' model"):
+        main(["--arch", "mamba2", "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), *base[:-8]])
 
 
 def test_ablate_heads_changes_outputs_only_inside_the_block(tmp_path):

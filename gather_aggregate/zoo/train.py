@@ -33,13 +33,15 @@ from gather_aggregate.zoo.data import Mixture, collate, length_bucketed, sample_
 from gather_aggregate.zoo.quick_eval import eval_suite, evaluate
 from gather_aggregate.zoo.vocab import PAD, World, build_tokenizer, make_world, save_world
 
-ARCHS = ("llama", "mamba2", "mamba1")
+ARCHS = ("llama", "mamba2", "mamba1", "bamba")
 
 # Default sizes per architecture (overridable from the CLI).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(d_model=128, n_layers=3, n_heads=4, d_ff=256, lr=1e-3),
     "mamba2": dict(d_model=128, n_layers=4, n_heads=8, d_state=32, lr=2e-3),
     "mamba1": dict(d_model=128, n_layers=4, d_state=16, lr=2e-3),
+    # a hybrid: Mamba-2 layers with attention at ``attn_layers`` (default: the last layer)
+    "bamba": dict(d_model=128, n_layers=2, n_heads=4, d_ff=256, d_state=32, lr=1e-3),
 }
 
 
@@ -69,6 +71,7 @@ class TrainConfig:
     max_minutes: float = 90.0
     log_every: int = 50
     mixture: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attn_layers: list[int] | None = None  # bamba only: indices of the attention layers
     init: str | None = None  # warm start: a model directory written by this script (same --arch)
 
     def resolved(self) -> TrainConfig:
@@ -105,6 +108,18 @@ def build_model(cfg: TrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> 
         hf = MambaConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, state_size=cfg.d_state,
                          expand=2, conv_kernel=4, use_mambapy=True, **common)
         return MambaForCausalLM(hf)
+    if cfg.arch == "bamba":
+        from transformers import BambaConfig, BambaForCausalLM
+
+        attn = cfg.attn_layers if cfg.attn_layers is not None else [cfg.n_layers - 1]
+        if any(not 0 <= i < cfg.n_layers for i in attn):
+            raise ValueError(f"--attn-layers {attn} must lie in 0..{cfg.n_layers - 1}")
+        hf = BambaConfig(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads, attn_layer_indices=attn,
+                         mamba_n_heads=8, mamba_d_head="auto", mamba_n_groups=1, mamba_d_state=cfg.d_state,
+                         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=64, max_position_embeddings=1024,
+                         **common)
+        return BambaForCausalLM(hf)
     raise ValueError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(ARCHS)}")
 
 
@@ -243,6 +258,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--max-minutes", type=float, default=90.0)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--mixture", type=str, default="{}", help='JSON overrides of data.Mixture, e.g. \'{"kv": 0.5}\'')
+    p.add_argument("--attn-layers", type=lambda v: [int(x) for x in v.split(",") if x], default=None,
+                   help="bamba only: comma-separated attention layer indices (default: the last layer)")
     p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
     a = p.parse_args(argv)
     kw = {k: v for k, v in vars(a).items() if k != "mixture"}
