@@ -98,6 +98,21 @@ def load_tokenizer(source: str) -> Any:
         raise TokenizerMissingError(f"could not load the tokenizer of {source!r}: {exc}; pass tokenizer=...") from None
 
 
+def _is_mamba_ssm_checkpoint(name_or_path: Any) -> bool:
+    if not isinstance(name_or_path, (str, os.PathLike)) or not Path(name_or_path).is_dir():
+        return False
+    from gather_aggregate.adapters import is_mamba_ssm_dir
+
+    return is_mamba_ssm_dir(Path(name_or_path))
+
+
+def _optional_tokenizer(source: str) -> Any:
+    """The directory's tokenizer when it ships one; mamba-ssm checkpoints usually do not (GPT-NeoX's is used)."""
+    if not any((Path(source) / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    return load_tokenizer(source)
+
+
 def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None,
                tokenizer: Any = None, **kwargs: Any) -> Any:
     """Load a hooked model that answers the gather-aggregate protocol.
@@ -109,6 +124,12 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
         tokenizer: use this tokenizer instead of the one saved with the model.
         **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
     """
+    if _is_mamba_ssm_checkpoint(name_or_path):  # original mamba-ssm layout: config.json has no model_type
+        from gather_aggregate.adapters import load_ssm
+
+        model = load_ssm(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs)
+        model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
+        return model
     config, source = _resolve_config(name_or_path)
     dtype = parse_dtype(dtype)
     tok = tokenizer if tokenizer is not None else load_tokenizer(source)

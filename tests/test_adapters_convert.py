@@ -113,6 +113,11 @@ def test_mamba_ssm_mamba1_checkpoint(tmp_path):
     m = load_ssm(d)
     assert m.cfg.d_vocab == 104 and m.cfg.family == "mamba1"
     assert (m(toks()) - hf_logits(hf, toks())).abs().max() <= TOL
+    # load_model(dir) dispatches the same layout (no tokenizer ships with it: attach one by hand)
+    from gather_aggregate import load_model
+
+    m2 = load_model(d)
+    assert m2.tokenizer is None and (m2(toks()) - m(toks())).abs().max() == 0
 
 
 def test_mamba_ssm_mamba2_checkpoint(tmp_path):
