@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-TASKS = ("kv", "letter-mc", "content-mc", "knowledge")
-RETRIEVAL = ("kv", "letter-mc")
+from gather_aggregate.zoo.claims import TASKS
 
 
 def _bar(items: list[Any], desc: str) -> Any:
@@ -34,22 +33,14 @@ def _zoo(args: argparse.Namespace) -> dict[str, Path]:
     return list_zoo()
 
 
-def chance_of(examples: list[Any]) -> float:
-    return sum(1.0 / len(e.candidates) for e in examples) / len(examples)
-
-
 def run_zoo_demo(args: argparse.Namespace) -> int:
     import torch
 
     from gather_aggregate import load_model
     from gather_aggregate.commands import out_dir
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
     from gather_aggregate.experiments import cumulative_ablation
     from gather_aggregate.io import atomic_write_json
-    from gather_aggregate.scan import exact_scan
-    from gather_aggregate.tasks import evaluate
-    from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.zoo import claims
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -59,61 +50,42 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     print(f"gather-aggregate demo: {len(zoo)} zoo models ({', '.join(zoo)}), {n} prompts per task")
 
     models = {name: load_model(path) for name, path in _bar(list(zoo.items()), "load")}
-    examples: dict[str, dict[str, list[Any]]] = {}
-    for name, path in zoo.items():
-        examples[name] = {t: get_task(t, model_dir=path).examples(models[name].tokenizer, n=n, seed=args.seed)
-                          for t in TASKS}
+    sets = {name: claims.task_sets(models[name], zoo[name], n, args.seed) for name in models}
 
     # 1. evaluate ---------------------------------------------------------------------------
-    acc: dict[str, dict[str, float]] = {}
-    for name in _bar(list(models), "evaluate"):
-        acc[name] = {t: evaluate(models[name], examples[name][t], progress=False).accuracy for t in TASKS}
-    chance = {t: chance_of(next(iter(examples.values()))[t]) for t in TASKS}
+    acc = {name: claims.accuracies(models[name], sets[name]) for name in _bar(list(models), "evaluate")}
+    chance = claims.chance(next(iter(sets.values())))
 
-    # 2. scan + 3. detect ------------------------------------------------------------------
-    scans, ga, tables = {}, {}, {}
+    # 2. scan + 3. detect: exact ablation scan on letter-MC, G&A scores over the patterns -----
+    scans, ga = {}, {}
     for name in _bar(list(models), "scan + detect"):
-        model, exs = models[name], examples[name]["letter-mc"]
-        tokens, metric = task_metric(model, exs)
-        scans[name] = exact_scan(model, tokens, metric, progress=False, out=out / f"scan_{name}.json")
-        tables[name] = pattern_scores(model, exs)
-        ga[name] = find_ga_heads(model, exs, scans[name], scores=tables[name])
+        scans[name], ga[name] = claims.scan_and_detect(models[name], sets[name]["letter-mc"])
+        scans[name].save(out / f"scan_{name}.json")
 
     # 4. ablate: remove the top-k heads of the scan -----------------------------------------
     ks = [0, 1, 2, 4]
-    cumulative: dict[str, list[dict[str, Any]]] = {}
-    for name in _bar(list(models), "ablate"):
-        ranking = scans[name].top(max(ks))
-        cumulative[name] = cumulative_ablation(models[name], ranking, examples[name], ks=ks)
+    cumulative = {name: cumulative_ablation(models[name], scans[name].top(max(ks)), sets[name], ks=ks)
+                  for name in _bar(list(models), "ablate")}
 
-    # 5. sharp vs smooth: the same letter-MC prompt, each model's strongest Aggregate head -------
+    # 5. sharp vs smooth: each model's strongest Aggregate head on the same letter-MC prompts --
     sharp = {}
-    for name, model in models.items():
-        best = max(tables[name], key=lambda r: r["aggregate"])
-        ex = examples[name]["letter-mc"][0]
+    for name in _bar(list(models), "sharp vs smooth"):
+        model, letter = models[name], sets[name]["letter-mc"]
+        ent = claims.aggregate_entropy(model, letter[:16], ga[name])
+        layer, head = ent["heads"][0]
+        ex = letter[0]
         tok = torch.tensor([ex.input_ids], device=model.device)
-        row = model.pattern(tok, best["layer"], heads=[best["head"]], rows=-1)[0, 0, 0].float().cpu()
-        from gather_aggregate.metrics import row_entropy
-
-        ents = [float(row_entropy(model.pattern(torch.tensor([e.input_ids], device=model.device), best["layer"],
-                                                heads=[best["head"]], rows=-1)[0, 0, 0].float()))
-                for e in examples[name]["letter-mc"][:16]]
-        sharp[name] = {"layer": best["layer"], "head": best["head"], "kind": best["kind"], "row": row,
-                       "tokens": model.to_str_tokens(tok), "example": ex,
-                       "mean_entropy": sum(ents) / len(ents)}
+        with torch.no_grad():
+            row = model.pattern(tok, layer, heads=[head], rows=-1, normalize=True)[0, 0, 0].float().cpu()
+        sharp[name] = {"layer": layer, "head": head, "kind": model.layers[layer].kind, "row": row,
+                       "tokens": model.to_str_tokens(tok), "example": ex, "mean_entropy": ent["entropy"],
+                       "top1_mass": ent["top1_mass"]}
 
     # 6. KV accuracy against dictionary size ------------------------------------------------
-    kv_rows = []
-    sizes = [2, 4, 8, 16, 24, 32]
-    for name in _bar(list(models), "kv sweep"):
-        for size in sizes:
-            try:
-                task = get_task("kv", model_dir=zoo[name], n_pairs=size)
-            except Exception:  # noqa: BLE001 - vocabulary too small for this size
-                continue
-            exs = task.examples(models[name].tokenizer, n=min(n, 32), seed=args.seed)
-            a = evaluate(models[name], exs, progress=False).accuracy
-            kv_rows.append({"model": name, "dict_size": size, "accuracy": a, "n": len(exs)})
+    kv_rows = [{"model": name, "dict_size": size, "accuracy": a, "n": min(n, 32)}
+               for name in _bar(list(models), "kv sweep")
+               for size, a in claims.kv_by_size(models[name], zoo[name], [2, 4, 8, 12, 16], min(n, 32),
+                                                args.seed).items()]
 
     # report + summary -----------------------------------------------------------------------
     summary = {"models": list(models), "n_prompts": n, "accuracy": acc, "chance": chance,
@@ -122,11 +94,12 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                "cumulative_ablation": cumulative,
                "aggregate_row_entropy": {m: s["mean_entropy"] for m, s in sharp.items()},
                "kv_by_size": kv_rows, "seconds": None}
+    tables = {m: g.table for m, g in ga.items()}
     report = _write_report(out, summary, models, scans, tables, sharp, cumulative, kv_rows)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     atomic_write_json(out / "summary.json", summary)
     _print_summary(summary, chance)
-    print(f"\nreport: {report}\nresults: {out}/summary.json, scan_*.json/csv   ({summary['seconds']} s)")
+    print(f"\nreport: {report}\nresults: {out}/summary.json, scan_*.json   ({summary['seconds']} s)")
     return 0
 
 
