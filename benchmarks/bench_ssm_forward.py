@@ -8,19 +8,25 @@ Small configs (d_model 256, d_inner 512, 2 layers, Mamba-1 d_state 16; Mamba-2
 * ``HF``          - the HF pure-torch forward of the same weights (use_cache=False)
 * ``TL eager``    - TransformerLens 4.3's bridge with ``eager_scan=True`` (its hooked SSM path)
 
-Timings are the minimum over interleaved repeats (the machine is shared).
-Run: ``python benchmarks/bench_ssm_forward.py [--batch 8 --seq 512 --repeats 3]``.
+Timings are the minimum over interleaved repeats (the machine is shared), single-threaded by default
+(``--threads``).  The process caps its own address space (``--max-gib``, default 10) so that an oversized
+run fails with ``MemoryError`` instead of waking the OOM killer.
+Run: ``python benchmarks/bench_ssm_forward.py [--batch 8 --seq 512 --repeats 3 --threads 1]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from _common import limit_address_space, machine  # noqa: E402
 
 
 def build(model_type: str, d_model: int):
@@ -60,20 +66,24 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-tl", action="store_true", help="skip the TransformerLens column")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-gib", type=float, default=10.0, help="address-space cap of this process")
     args = ap.parse_args()
+    limit_address_space(args.max_gib)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokens = torch.randint(0, 1000, (args.batch, args.seq))
     rows = []
     for model_type, arch, goal in [("mamba", "MambaForCausalLM", 1.0), ("mamba2", "Mamba2ForCausalLM", 1.2)]:
         hf, ours = build(model_type, args.d_model)
         runs = {
-            "ours": lambda: ours(tokens),
-            "ours+cache": lambda: ours.run_with_cache(tokens),
-            "HF": lambda: hf(tokens, use_cache=False),
+            "ours": lambda m=ours: m(tokens),
+            "ours+cache": lambda m=ours: m.run_with_cache(tokens),
+            "HF": lambda m=hf: m(tokens, use_cache=False),
         }
         if not args.no_tl:
             bridge = tl_bridge(hf, arch)
-            runs["TL eager"] = lambda: bridge(tokens, use_cache=False)
+            runs["TL eager"] = lambda m=bridge: m(tokens, use_cache=False)
         with torch.no_grad():
             ref = hf(tokens, use_cache=False).logits
             diff = (ours(tokens) - ref).abs().max().item()
@@ -85,7 +95,7 @@ def main() -> None:
 
     cols = ["ours", "ours+cache", "HF"] + ([] if args.no_tl else ["TL eager"])
     print(f"\nSSM forward, batch {args.batch} x {args.seq} tokens, d_model {args.d_model}, 2 layers, "
-          f"{torch.get_num_threads()} threads (seconds, min of {args.repeats})")
+          f"{torch.get_num_threads()} threads (seconds, min of {args.repeats}); {machine()}")
     print(f"{'model':8s} " + " ".join(f"{c:>11s}" for c in cols) + f" {'ours/HF':>8s} {'goal':>6s} "
           f"{'cache/HF':>9s} {'TL/ours':>8s} {'max|dlogit|':>11s}")
     for model_type, best, goal, diff in rows:

@@ -110,6 +110,46 @@ def test_mamba1_groups_are_reductions_of_channels(reduce):
     assert rel(small, want) <= REL
 
 
+@pytest.mark.parametrize("reduce", ["mean", "sum", "abs_mean"])
+def test_mamba1_tiles_and_split_heads_equal_reference(reduce):
+    """Small budgets give tiny tiles and heads split over several channel chunks (accumulated): same answer."""
+    g = torch.Generator().manual_seed(3)
+    b, L, d, n = 2, 50, 24, 5
+    dt = torch.nn.functional.softplus(torch.randn(b, L, d, generator=g) * 2)
+    A = -torch.exp(torch.randn(d, n, generator=g))
+    B, C = torch.randn(b, L, n, generator=g), torch.randn(b, L, n, generator=g)
+    ref = mamba1_implied_reference(dt, A, B, C)
+    heads = ref.view(b, 2, 12, L, L)
+    want = {"mean": heads.mean(2), "abs_mean": heads.abs().mean(2), "sum": heads.sum(2)}[reduce][:, [1, 0]]
+    rows = torch.tensor([[49, 3, 20], [0, 49, 49]])
+    for max_bytes in (2 * 1024**3, 120_000):  # 120 kB: chunks of 5 channels, 1024-element tiles
+        got = mamba1_implied_attention(dt, A, B, C, head_size=12, reduce=reduce, heads=[1, 0], max_bytes=max_bytes)
+        assert rel(got, want) <= REL
+        got = mamba1_implied_attention(dt, A, B, C, head_size=12, reduce=reduce, heads=[1, 0], rows=rows,
+                                       max_bytes=max_bytes)
+        assert rel(got, want.gather(2, rows[:, None, :, None].expand(b, 2, 3, L))) <= REL
+        got = mamba1_implied_attention(dt, A, B, C, rows=rows, dt_scaling=False, max_bytes=max_bytes)
+        plain = ref / dt.transpose(1, 2)[:, :, None, :]
+        assert rel(got, plain.gather(2, rows[:, None, :, None].expand(b, d, 3, L))) <= REL
+        got = mamba1_implied_attention(dt, A, B, C, heads=[7, 2, 3], max_bytes=max_bytes, block=8)
+        assert rel(got, ref[:, [7, 2, 3]]) <= REL
+
+
+@pytest.mark.parametrize("kw", [{}, {"head_size": 4}, {"rows": torch.tensor([[29, 11]])}], ids=["full", "heads", "rows"])
+def test_mamba1_autograd_path_equals_fast_path(kw):
+    """With inputs that require grad the out-of-place path runs; it gives the same values, and gradients."""
+    g = torch.Generator().manual_seed(4)
+    dt = torch.nn.functional.softplus(torch.randn(1, 30, 8, generator=g))
+    A = -torch.exp(torch.randn(8, 3, generator=g))
+    B, C = torch.randn(1, 30, 3, generator=g), torch.randn(1, 30, 3, generator=g)
+    fast = mamba1_implied_attention(dt, A, B, C, **kw)
+    leaf = A.clone().requires_grad_(True)
+    slow = mamba1_implied_attention(dt, leaf, B, C, **kw)
+    assert slow.requires_grad and rel(slow.detach(), fast) <= REL
+    slow.square().sum().backward()
+    assert torch.isfinite(leaf.grad).all() and leaf.grad.abs().sum() > 0
+
+
 def test_mamba2_rows_heads_and_dt_scaling():
     g = torch.Generator().manual_seed(1)
     b, L, H, G, N = 2, 50, 6, 3, 4
