@@ -50,7 +50,7 @@ def chance(sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
 
 
 def scan_and_detect(model: Any, letter: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
-    """Exact ablation scan of every head on letter-MC (answer log-prob) and the G&A detector over it."""
+    """Exact ablation scan of every head on a retrieval task (answer log-prob) and the G&A detector over it."""
     from gather_aggregate.detect import find_ga_heads
     from gather_aggregate.scan import exact_scan
     from gather_aggregate.workflows import task_metric
@@ -68,24 +68,54 @@ def ablated_accuracies(model: Any, heads: Sequence[Head], sets: Mapping[str, Seq
     return accuracies(model, sets, hooks)
 
 
-def bottleneck(model: Any, ga: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float],
-               max_k: int = 2) -> dict[str, Any]:
-    """Claim b: ablate the detector's top-1, then top-2 G&A heads; report the smallest set that breaks letter-MC.
+def candidate_sets(ga: Any, z: float = 1.5, max_k: int = 2) -> list[tuple[str, list[Head]]]:
+    """Head sets of size <= ``max_k`` named by the G&A evidence alone, each with the rule that chose it.
 
-    The candidates are the detector's heads (pattern scores and scan drop both
-    stand out), in its order; with no flagged head the claim fails honestly.
+    * ``detector``: heads whose pattern score *and* scan drop both stand out (z >= ``z``), in the detector's order;
+    * ``aggregate scores`` / ``gather scores``: the heads with the highest Aggregate / Gather pattern z-scores
+      (>= ``z``), which is how the paper names its G&A heads; redundant Aggregate heads can each have a small
+      single-head ablation effect and only matter together;
+    * ``gather + aggregate``: the top Gather head with the top Aggregate head.
     """
+    table = ga.table
+    ranked = {role: [(r["layer"], r["head"]) for r in sorted(table, key=lambda r: -r[f"z_{role}"])
+                     if r[f"z_{role}"] >= z] for role in ("aggregate", "gather")}
     flagged = ga.ga_heads()
-    tried = []
+    out: list[tuple[str, list[Head]]] = []
     for k in range(1, max_k + 1):
-        if k > len(flagged):
-            break
-        heads = flagged[:k]
+        if k <= len(flagged):
+            out.append((f"detector top-{k}", flagged[:k]))
+    for role in ("aggregate", "gather"):
+        for k in range(1, max_k + 1):
+            if k <= len(ranked[role]):
+                out.append((f"{role} scores top-{k}", ranked[role][:k]))
+    if ranked["gather"] and ranked["aggregate"] and ranked["gather"][0] != ranked["aggregate"][0] and max_k >= 2:
+        out.append(("gather + aggregate", [ranked["gather"][0], ranked["aggregate"][0]]))
+    seen: set[tuple[Head, ...]] = set()
+    unique = []
+    for rule, heads in out:
+        key = tuple(sorted(heads))
+        if key not in seen:
+            seen.add(key)
+            unique.append((rule, heads))
+    return unique
+
+
+def bottleneck(model: Any, ga: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float],
+               max_k: int = 2, task: str = "letter-mc", z: float = 1.5) -> dict[str, Any]:
+    """Claim b: ablate every G&A-named head set of size <= ``max_k``; report the one that hurts ``task`` most.
+
+    The sets come from :func:`candidate_sets` (pattern scores and the scan,
+    never hand-picked indices); with no named head the claim fails honestly.
+    """
+    tried = []
+    for rule, heads in candidate_sets(ga, z, max_k):
         acc = ablated_accuracies(model, heads, sets)
-        tried.append({"heads": [list(h) for h in heads], **acc,
+        tried.append({"rule": rule, "heads": [list(h) for h in heads], **acc,
                       **{f"delta_{t}": acc[t] - clean[t] for t in sets}})
-    best = min(tried, key=lambda r: r["letter-mc"]) if tried else None
-    return {"flagged": [list(h) for h in flagged], "tried": tried, "best": best}
+    best = min(tried, key=lambda r: (r[task], len(r["heads"]))) if tried else None
+    named = sorted({tuple(h) for r in tried for h in r["heads"]})
+    return {"flagged": [list(h) for h in named], "tried": tried, "best": best}
 
 
 def random_baseline(model: Any, k: int, sets: Mapping[str, Sequence[Any]], seeds: int = 5,
@@ -136,31 +166,42 @@ def kv_by_size(model: Any, model_dir: Path, sizes: Sequence[int], n: int, seed: 
     return out
 
 
-def measure_model(name: str, model_dir: Path, *, n: int = 96, seed: int = 0, kv_sizes: Sequence[int] = (2, 4, 8, 12, 16, 24, 32, 48),
-                  ks: Sequence[int] = (0, 1, 2, 4, 8), z: float = 1.5) -> dict[str, Any]:
-    """Every measurement the claims need, for one zoo model."""
-    from gather_aggregate import load_model
+RETRIEVAL = ("letter-mc", "kv")
+
+
+def retrieval_analysis(model: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float], task: str, *,
+                       ks: Sequence[int] = (0, 1, 2, 4, 8), z: float = 1.5) -> dict[str, Any]:
+    """Claims b-d for one retrieval task: scan, detector, bottleneck vs random heads, per-head effects,
+    Aggregate-row sharpness and the cumulative-ablation table."""
     from gather_aggregate.experiments import cumulative_ablation
+
+    scan, ga = scan_and_detect(model, sets[task], z=z)
+    b = bottleneck(model, ga, sets, clean, task=task, z=z)
+    k_b = len(b["best"]["heads"]) if b["best"] else 1
+    single = single_head_effects(model, sets, clean, task=task)
+    top_agg = max(ga.table, key=lambda r: r["aggregate"])
+    return {"scan_top": [list(h) for h in scan.top(4)], "gather": [list(h) for h in ga.gather],
+            "aggregate": [list(h) for h in ga.aggregate], "bottleneck": b,
+            "random_baseline": random_baseline(model, k_b, sets, exclude=[tuple(h) for h in b["flagged"]]),
+            "max_single_head_drop": max(r["drop"] for r in single), "single_head": single,
+            "aggregate_row": aggregate_entropy(model, sets[task][:32], ga),
+            "top_aggregate": {k: top_agg[k] for k in ("layer", "head", "kind", "aggregate", "aggregate_hit",
+                                                      "aggregate_mass")},
+            "cumulative": cumulative_ablation(model, scan.top(max(ks)), sets, ks=ks)}
+
+
+def measure_model(name: str, model_dir: Path, *, n: int = 96, seed: int = 0,
+                  kv_sizes: Sequence[int] = (2, 4, 8, 12, 16, 24, 32, 48), ks: Sequence[int] = (0, 1, 2, 4, 8),
+                  z: float = 1.5) -> dict[str, Any]:
+    """Every measurement the claims need, for one zoo model, per retrieval task (letter-MC and KV)."""
+    from gather_aggregate import load_model
 
     model = load_model(model_dir)
     sets = task_sets(model, model_dir, n, seed)
     clean = accuracies(model, sets)
-    scan, ga = scan_and_detect(model, sets["letter-mc"], z=z)
-    b = bottleneck(model, ga, sets, clean)
-    k_b = len(b["best"]["heads"]) if b["best"] else 1
-    rand = random_baseline(model, k_b, sets, exclude=[tuple(h) for h in b["flagged"]])
-    single = single_head_effects(model, sets, clean)
-    ent = aggregate_entropy(model, sets["letter-mc"][:32], ga)
-    kv = kv_by_size(model, model_dir, kv_sizes, n, seed)
-    cum = cumulative_ablation(model, scan.top(max(ks)), sets, ks=ks)
-    kinds = sorted({info.kind for info in model.layers})
-    top_agg = max(ga.table, key=lambda r: r["aggregate"])
-    return {"name": name, "kinds": kinds, "n": n, "clean": clean, "chance": chance(sets),
-            "scan_top": [list(h) for h in scan.top(4)], "gather": [list(h) for h in ga.gather],
-            "aggregate": [list(h) for h in ga.aggregate], "bottleneck": b, "random_baseline": rand,
-            "max_single_head_drop": max(r["drop"] for r in single), "single_head": single,
-            "aggregate_row": ent, "top_aggregate": {k: top_agg[k] for k in ("layer", "head", "kind", "aggregate",
-                                                                            "aggregate_hit", "aggregate_mass")}, "kv_by_size": kv, "cumulative": cum}
+    return {"name": name, "kinds": sorted({info.kind for info in model.layers}), "n": n, "clean": clean,
+            "chance": chance(sets), "kv_by_size": kv_by_size(model, model_dir, kv_sizes, n, seed),
+            "by_task": {t: retrieval_analysis(model, sets, clean, t, ks=ks, z=z) for t in RETRIEVAL}}
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -180,31 +221,39 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
            f"({any_r['n']} prompts per task, seed 0).", "", "**Accuracy (claim a)**", ""]
     out.append(_md_table(["model", *TASKS], [[m, *(res[m]["clean"][t] for t in TASKS)] for m in names]
                          + [["chance", *(any_r["chance"][t] for t in TASKS)]]))
-    out += ["", "**The smallest flagged head set that breaks letter-MC (claim b)**, next to as many random heads "
-            "(mean of 5 draws)", ""]
-    rows = []
-    for m in names:
-        b = res[m]["bottleneck"]
-        for r in b["tried"]:
-            rows.append([m, str(r["heads"]), *(r[t] for t in TASKS)])
-        rows.append([m, f"random x{len(b['best']['heads']) if b['best'] else 1}",
-                     *(res[m]["random_baseline"][t] for t in TASKS)])
-    out.append(_md_table(["model", "ablated heads", *TASKS], rows))
-    out += ["", "**Transformer vs SSM (claim c)**: largest single-head letter-MC drop; the strongest Aggregate "
-            "head's final row on the same letter-MC prompts (entropy in nats, top-1 mass, how often it peaks on "
-            "the correct option's summary token); KV accuracy by dictionary size", ""]
     sizes = sorted({int(s) for m in names for s in res[m]["kv_by_size"]})
-    out.append(_md_table(["model", "max 1-head drop", "Aggregate head", "row entropy", "top-1 mass", "peak on correct",
-                          *(f"KV {s}" for s in sizes)],
-                         [[m, res[m]["max_single_head_drop"], str(res[m]["aggregate_row"]["heads"][0]),
-                           res[m]["aggregate_row"]["entropy"], res[m]["aggregate_row"]["top1_mass"],
-                           res[m]["top_aggregate"]["aggregate_hit"],
-                           *(float(res[m]["kv_by_size"].get(s, res[m]["kv_by_size"].get(str(s), float("nan"))))
-                             for s in sizes)] for m in names]))
-    out += ["", "**Cumulative ablation (claim d)**: the scan's top-k heads removed", ""]
-    out.append(_md_table(["model", "k", *TASKS, "heads"],
-                         [[m, c["k"], *(c[t] for t in TASKS), str(c["heads"])] for m in names
-                          for c in res[m]["cumulative"]]))
+    out += ["", "**KV-retrieval accuracy by dictionary size** (trained on 2-12 pairs)", ""]
+    out.append(_md_table(["model", *(str(s) for s in sizes)],
+                         [[m, *(float(res[m]["kv_by_size"].get(s, res[m]["kv_by_size"].get(str(s), float("nan"))))
+                                for s in sizes)] for m in names]))
+    for task in RETRIEVAL:
+        by = {m: res[m]["by_task"][task] for m in names}
+        out += ["", f"### Heads, scanned and detected on {task}", "",
+                f"**The flagged heads that hurt {task} most (claim b)**, next to as many random other heads "
+                "(mean of 5 draws)", ""]
+        rows = []
+        for m in names:
+            b = by[m]["bottleneck"]
+            if not b["tried"]:
+                rows.append([m, "(no head flagged)", *(res[m]["clean"][t] for t in TASKS)])
+            for r in b["tried"]:
+                rows.append([m, f"{r['heads']} ({r['rule']})", *(r[t] for t in TASKS)])
+            rows.append([m, f"random x{len(b['best']['heads']) if b['best'] else 1}",
+                         *(by[m]["random_baseline"][t] for t in TASKS)])
+        out.append(_md_table(["model", "ablated heads", *TASKS], rows))
+        out += ["", f"**Per-head effect and Aggregate sharpness (claim c)**: largest single-head drop on {task}; the "
+                "strongest Aggregate head's final row on the same prompts (entropy in nats, top-1 mass, share of "
+                "prompts where it peaks on the correct segment's summary token)", ""]
+        out.append(_md_table(["model", "max 1-head drop", "Aggregate head", "kind", "row entropy", "top-1 mass",
+                              "peak on correct"],
+                             [[m, by[m]["max_single_head_drop"], str(by[m]["aggregate_row"]["heads"][0]),
+                               by[m]["top_aggregate"]["kind"], by[m]["aggregate_row"]["entropy"],
+                               by[m]["aggregate_row"]["top1_mass"], by[m]["top_aggregate"]["aggregate_hit"]]
+                              for m in names]))
+        out += ["", f"**Cumulative ablation (claim d)**: the top-k heads of the {task} scan removed", ""]
+        out.append(_md_table(["model", "k", *TASKS, "heads"],
+                             [[m, c["k"], *(c[t] for t in TASKS), str(c["heads"])] for m in names
+                              for c in by[m]["cumulative"]]))
     return "\n".join(out) + "\n"
 
 
@@ -227,15 +276,17 @@ def main(argv: list[str] | None = None) -> int:
         r = res[name]
         print(f"== {name} ({'+'.join(r['kinds'])})")
         print("  clean  " + "  ".join(f"{t} {r['clean'][t]:.3f}" for t in TASKS))
-        print(f"  scan top {r['scan_top']}  gather {r['gather']}  aggregate {r['aggregate']}")
-        for row in r["bottleneck"]["tried"]:
-            print(f"  ablate {row['heads']}: " + "  ".join(f"{t} {row[t]:.3f}" for t in TASKS))
-        print("  random " + "  ".join(f"{t} {v:.3f}" for t, v in r["random_baseline"].items()))
-        print(f"  max single-head letter drop {r['max_single_head_drop']:.3f}; aggregate row entropy "
-              f"{r['aggregate_row']['entropy']:.3f} (top-1 mass {r['aggregate_row']['top1_mass']:.3f})")
         print("  kv by size " + "  ".join(f"{s}:{v:.2f}" for s, v in r["kv_by_size"].items()))
-        for c in r["cumulative"]:
-            print(f"  k={c['k']}: " + "  ".join(f"{t} {c[t]:.3f}" for t in TASKS) + f"  {c['heads']}")
+        for task, an in r["by_task"].items():
+            print(f"  [{task}] scan top {an['scan_top']}  gather {an['gather']}  aggregate {an['aggregate']}")
+            for row in an["bottleneck"]["tried"]:
+                print(f"    ablate {row['heads']} ({row['rule']}): " + "  ".join(f"{t} {row[t]:.3f}" for t in TASKS))
+            print("    random " + "  ".join(f"{t} {v:.3f}" for t, v in an["random_baseline"].items()))
+            print(f"    max single-head drop {an['max_single_head_drop']:.3f}; aggregate row entropy "
+                  f"{an['aggregate_row']['entropy']:.3f} (top-1 mass {an['aggregate_row']['top1_mass']:.3f}, "
+                  f"peak on correct {an['top_aggregate']['aggregate_hit']:.2f})")
+            for c in an["cumulative"]:
+                print(f"    k={c['k']}: " + "  ".join(f"{t} {c[t]:.3f}" for t in TASKS) + f"  {c['heads']}")
     atomic_write_json(Path(a.out), res)
     print(f"wrote {a.out}")
     if a.markdown:
