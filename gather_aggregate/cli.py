@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--results", default=None, help="directory with results written by other subcommands")
         if name == "demo":
             p.add_argument("--fast", action="store_true", help="fewer examples (for smoke tests)")
+            p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",
+                           help="retrieval task to scan and ablate on; auto: letter-MC when every model solves it "
+                                "(>= 2x chance), else KV")
     return parser
 
 

@@ -56,10 +56,12 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     acc = {name: claims.accuracies(models[name], sets[name]) for name in _bar(list(models), "evaluate")}
     chance = claims.chance(next(iter(sets.values())))
 
-    # 2. scan + 3. detect: exact ablation scan on letter-MC, G&A scores over the patterns -----
+    # 2. scan + 3. detect: exact ablation scan on a retrieval task, G&A scores over the patterns --
+    task = scan_task(getattr(args, "scan_task", "auto"), acc, chance)
+    print(f"scanning heads on {task}")
     scans, ga = {}, {}
     for name in _bar(list(models), "scan + detect"):
-        scans[name], ga[name] = claims.scan_and_detect(models[name], sets[name]["letter-mc"])
+        scans[name], ga[name] = claims.scan_and_detect(models[name], sets[name][task])
         scans[name].save(out / f"scan_{name}.json")
 
     # 4. ablate: remove the top-k heads of the scan -----------------------------------------
@@ -67,13 +69,13 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     cumulative = {name: cumulative_ablation(models[name], scans[name].top(max(ks)), sets[name], ks=ks)
                   for name in _bar(list(models), "ablate")}
 
-    # 5. sharp vs smooth: each model's strongest Aggregate head on the same letter-MC prompts --
+    # 5. sharp vs smooth: each model's strongest Aggregate head on the same scanned prompts ----
     sharp = {}
     for name in _bar(list(models), "sharp vs smooth"):
-        model, letter = models[name], sets[name]["letter-mc"]
-        ent = claims.aggregate_entropy(model, letter[:16], ga[name])
+        model, exs = models[name], sets[name][task]
+        ent = claims.aggregate_entropy(model, exs[:16], ga[name])
         layer, head = ent["heads"][0]
-        ex = letter[0]
+        ex = exs[0]
         tok = torch.tensor([ex.input_ids], device=model.device)
         with torch.no_grad():
             row = model.pattern(tok, layer, heads=[head], rows=-1, normalize=True)[0, 0, 0].float().cpu()
@@ -88,7 +90,7 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                                                 args.seed).items()]
 
     # report + summary -----------------------------------------------------------------------
-    summary = {"models": list(models), "n_prompts": n, "accuracy": acc, "chance": chance,
+    summary = {"models": list(models), "n_prompts": n, "scan_task": task, "accuracy": acc, "chance": chance,
                "ga_heads": {m: {"gather": g.gather, "aggregate": g.aggregate, "pairs": g.pairs} for m, g in ga.items()},
                "top_scan_heads": {m: s.top(4) for m, s in scans.items()},
                "cumulative_ablation": cumulative,
@@ -103,12 +105,19 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def scan_task(choice: str, acc: dict[str, dict[str, float]], chance: dict[str, float]) -> str:
+    """The retrieval task to scan: ``choice``, or for ``auto`` letter-MC when every model reaches 2x chance on it."""
+    if choice != "auto":
+        return choice
+    return "letter-mc" if all(a["letter-mc"] >= 2 * chance["letter-mc"] for a in acc.values()) else "kv"
+
+
 def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
     print("\naccuracy (chance: " + ", ".join(f"{t} {chance[t]:.2f}" for t in TASKS) + ")")
     print(f"{'model':<14}" + "".join(f"{t:>12}" for t in TASKS))
     for m, a in s["accuracy"].items():
         print(f"{m:<14}" + "".join(f"{a[t]:>12.3f}" for t in TASKS))
-    print("\nablating the scan's top-k heads (letter-MC scan):")
+    print(f"\nablating the scan's top-k heads ({s['scan_task']} scan):")
     print(f"{'model':<14}{'k':>3}" + "".join(f"{t:>12}" for t in TASKS) + "  heads")
     for m, rows in s["cumulative_ablation"].items():
         for r in rows:
@@ -134,8 +143,9 @@ def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], sc
     sections: list[Any] = [Markdown(
         "The toy zoo, trained on this CPU, analysed end to end: accuracy on retrieval-heavy tasks (KV-retrieval, "
         "letter-format multiple choice) and knowledge tasks (content-format multiple choice, plain knowledge "
-        "queries); an exact ablation scan of every head on letter-format MC; Gather/Aggregate scores from the "
-        "patterns; the effect of removing the top heads; and the sharpness of the Aggregate rows.")]
+        f"queries); an exact ablation scan of every head on {summary['scan_task']} (the retrieval task the scan "
+        "uses); Gather/Aggregate scores from the patterns; the effect of removing the top heads; and the "
+        "sharpness of the Aggregate rows.")]
     acc_rows = [{"model": m, **{t: round(v, 3) for t, v in a.items()}} for m, a in summary["accuracy"].items()]
     acc_rows.append({"model": "chance", **{t: round(v, 3) for t, v in summary["chance"].items()}})
     sections.append(Table(acc_rows, title="Accuracy"))

@@ -77,3 +77,20 @@ def test_errors_are_one_line_with_the_fix(argv, needle, tiny_llama_dir):
     assert "Traceback" not in out.stderr
     debug = _cli(*argv, "--debug")
     assert "Traceback" in debug.stderr
+
+
+@pytest.mark.skipif(not __import__("gather_aggregate.zoo", fromlist=["list_zoo"]).list_zoo(),
+                    reason="the toy zoo is not shipped in this checkout")
+def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
+    from gather_aggregate.zoo import list_zoo
+
+    name = next(iter(list_zoo()))
+    assert main(["demo", "--model", name, "--fast", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["models"] == [name] and summary["scan_task"] in ("kv", "letter-mc")
+    assert set(summary["accuracy"][name]) == {"kv", "letter-mc", "content-mc", "knowledge"}
+    assert [r["k"] for r in summary["cumulative_ablation"][name]] == [0, 1, 2, 4]
+    html = (tmp_path / "report.html").read_text()
+    assert "<html" in html.lower() and name in html and '<script src="http' not in html  # self-contained
+    assert (tmp_path / f"scan_{name}.json").is_file()
+    assert "accuracy (chance" in capsys.readouterr().out
