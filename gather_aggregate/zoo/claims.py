@@ -1,6 +1,6 @@
 """Measure the paper's claims on zoo checkpoints: one function per claim, one driver that writes the table.
 
-    python -m gather_aggregate.zoo.claims [--n 96] [--out docs/results_measured.json]
+    python -m gather_aggregate.zoo.claims [--n 96] [--out ga_out/claims.json] [--markdown tables.md]
 
 The tests (``tests/test_zoo_claims.py``) call the same functions on the shipped
 checkpoints; ``docs/results.md`` reports what this driver printed.  Heads are
@@ -49,15 +49,15 @@ def chance(sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
     return {t: sum(1.0 / len(e.candidates) for e in exs) / len(exs) for t, exs in sets.items()}
 
 
-def scan_and_detect(model: Any, letter: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
+def scan_and_detect(model: Any, examples: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
     """Exact ablation scan of every head on a retrieval task (answer log-prob) and the G&A detector over it."""
     from gather_aggregate.detect import find_ga_heads
     from gather_aggregate.scan import exact_scan
     from gather_aggregate.workflows import task_metric
 
-    tokens, metric = task_metric(model, list(letter))
+    tokens, metric = task_metric(model, list(examples))
     scan = exact_scan(model, tokens, metric, progress=False)
-    return scan, find_ga_heads(model, letter, scan, z=z)
+    return scan, find_ga_heads(model, examples, scan, z=z)
 
 
 def ablated_accuracies(model: Any, heads: Sequence[Head], sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
@@ -138,14 +138,14 @@ def single_head_effects(model: Any, sets: Mapping[str, Sequence[Any]], clean: Ma
             for la, h in model.all_heads()]
 
 
-def aggregate_entropy(model: Any, letter: Sequence[Any], ga: Any, top: int = 1) -> dict[str, Any]:
+def aggregate_entropy(model: Any, examples: Sequence[Any], ga: Any, top: int = 1) -> dict[str, Any]:
     """Mean entropy (nats) and top-1 mass of the final-position row of the ``top`` strongest Aggregate heads."""
     from gather_aggregate.metrics import row_entropy, top1_mass
 
     rows = sorted(ga.table, key=lambda r: -r["aggregate"])[:top]
     ents, masses = [], []
     for r in rows:
-        for ex in letter:
+        for ex in examples:
             tok = torch.tensor([ex.input_ids], device=model.device)
             with torch.no_grad():
                 row = model.pattern(tok, r["layer"], heads=[r["head"]], rows=-1, normalize=True)[0, 0, 0].float()
