@@ -86,7 +86,7 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     # 6. KV accuracy against dictionary size ------------------------------------------------
     kv_rows = [{"model": name, "dict_size": size, "accuracy": a, "n": min(n, 32)}
                for name in _bar(list(models), "kv sweep")
-               for size, a in claims.kv_by_size(models[name], zoo[name], [2, 4, 8, 12, 16], min(n, 32),
+               for size, a in claims.kv_by_size(models[name], zoo[name], [2, 4, 8, 16, 32, 48], min(n, 32),
                                                 args.seed).items()]
 
     # report + summary -----------------------------------------------------------------------
