@@ -4,7 +4,10 @@
 
 Architectures: ``llama`` (``LlamaForCausalLM``), ``mamba2`` (``Mamba2ForCausalLM``),
 ``mamba1`` (``MambaForCausalLM`` trained with ``use_mambapy=True``, saved with it
-off so the checkpoint loads without mambapy).  All share one word-level world
+off so the checkpoint loads without mambapy), ``bamba`` (``BambaForCausalLM``: Mamba-2
+layers with attention at ``--attn-layers``).  ``--init DIR`` warm-starts from a
+directory this script wrote (the shipped zoo was trained in such stages; see each
+model's ``LINEAGE.md``).  All share one word-level world
 (:mod:`gather_aggregate.zoo.vocab`) and one data mixture (:mod:`gather_aggregate.zoo.data`).
 
 Training: AdamW (betas 0.9/0.98, weight decay 0.1), linear warm-up then cosine
