@@ -60,6 +60,11 @@ def test_wheel_contains_and_imports_adapters(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "gather_aggregate/adapters/__init__.py" in names
     assert not any(n.startswith("adapters/") for n in names)
+    zoo = REPO / "gather_aggregate" / "zoo"
+    shipped = sorted(p.parent.name for p in zoo.glob("*/config.json"))
+    for model in shipped:  # every file of every shipped zoo model is package data
+        for f in (zoo / model).iterdir():
+            assert f"gather_aggregate/zoo/{model}/{f.name}" in names, f"{model}/{f.name} missing from the wheel"
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
@@ -68,6 +73,9 @@ def test_wheel_contains_and_imports_adapters(tmp_path):
     out = _run(code, cwd=str(tmp_path)).stdout.split()
     assert out[0].startswith(str(target)) and out[0].endswith("gather_aggregate/adapters/__init__.py")
     assert out[1].startswith(str(target))
+    listed = _run(f"import sys; sys.path.insert(0, {str(target)!r}); from gather_aggregate.zoo import list_zoo; "
+                  "print(','.join(list_zoo()))", cwd=str(tmp_path)).stdout.strip()
+    assert listed == ",".join(shipped)
 
 
 def test_cli_help_lists_subcommands():
