@@ -44,7 +44,7 @@ from gather_aggregate.interventions import (
     make_replacement,
 )
 from gather_aggregate.io import write_table
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, device_of
 
 Metric = Callable[[Tensor], Tensor]
 
@@ -157,13 +157,21 @@ def naive_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
 
 
 # ---- exact: cached prefix + batched ablations ---------------------------------------
+def default_max_rows(model: Any) -> int:
+    """Rows (copies x prompts) per batched forward: 256 on CUDA, 64 on CPU."""
+    return 256 if device_of(model).type == "cuda" else 64
+
+
 def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
-               max_rows: int = 256, out: str | Path | None = None, resume: bool = False,
+               max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
                progress: bool = True) -> ScanResult:
     """Exact ablation scores for ``heads`` (default: all), batched.
 
-    ``max_rows`` bounds the stacked batch (copies x prompts) of one forward.
+    ``max_rows`` bounds the stacked batch (copies x prompts) of one forward;
+    the default, :func:`default_max_rows`, is 256 on a GPU and 64 on a CPU,
+    where big stacked batches leave the cache and run slower than separate
+    forwards (measured in ``docs/benchmarks.md``).
     With ``out`` the table is written (JSON + CSV, atomically) after every
     chunk; ``resume=True`` skips heads already in ``out`` after checking that
     it belongs to the same model, task and ablation.
@@ -182,10 +190,12 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
     done = {(r["layer"], r["head"]) for r in rows}
     todo = [hd for hd in heads if hd not in done]
 
-    per_fwd = max(1, max_rows // batch)
+    per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=[model.resid_hook(li) for li, _ in group_by_layer(todo).items()])
-        clean = _check_metric(metric(model(tokens)), "clean run")
+        # one clean forward gives both the metric and every layer's residual input
+        clean_logits, cache = model.run_with_cache(
+            tokens, names_filter=[model.resid_hook(li) for li, _ in group_by_layer(todo).items()])
+        clean = _check_metric(metric(clean_logits), "clean run")
         meta["metric_clean"] = clean
         bar = _progress(len(heads), "exact scan", progress)
         bar.update(len(heads) - len(todo))
