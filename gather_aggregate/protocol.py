@@ -172,7 +172,8 @@ class ProtocolMixin:
         import torch
 
         if self.tokenizer is None:
-            raise InputError("this model has no tokenizer; pass token ids instead of text")
+            raise InputError("this model has no tokenizer: pass token ids instead of text, or set model.tokenizer "
+                             "(e.g. AutoTokenizer.from_pretrained(dir)) or load_model(..., tokenizer=...)")
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise InputError("to_tokens got an empty list of texts")
