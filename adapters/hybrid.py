@@ -45,12 +45,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.adapters.attention import Attention, GatedMLP, SparseMoE
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import Mamba1Mixer, RMSNorm, make_mixer
-from gather_aggregate.adapters.model import DEFAULT_PATTERN_BUDGET, HookedSSM, SSMParams
+from gather_aggregate.adapters.model import HookedSSM, SSMParams
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
 from gather_aggregate.protocol import LayerInfo, gather_rows, resolve_rows
 
@@ -261,23 +260,8 @@ class HookedHybrid(HookedSSM):
 
     cfg: HybridConfig
 
-    def __init__(self, cfg: HybridConfig, *, dtype: torch.dtype | None = None, device: Any = None) -> None:
-        HookedRootModule.__init__(self)
-        self.cfg = cfg
-        self.n_ctx = None
-        self.d_vocab = cfg.d_vocab
-        self.tokenizer = None
-        self.check_finite = False
-        self.max_pattern_bytes = DEFAULT_PATTERN_BUDGET
-        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList([HybridBlock(cfg, i) for i in range(cfg.n_layers)])
-        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.unembed = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup()
-        if dtype is not None or device is not None:
-            self.to(device=device, dtype=dtype)
-        self.eval()
+    def _make_blocks(self, cfg: HybridConfig) -> nn.ModuleList:  # type: ignore[override]
+        return nn.ModuleList([HybridBlock(cfg, i) for i in range(cfg.n_layers)])
 
     # ---- protocol ------------------------------------------------------------
     @property

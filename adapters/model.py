@@ -96,13 +96,17 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         self.max_pattern_bytes = DEFAULT_PATTERN_BUDGET
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList([SSMBlock(cfg) for _ in range(cfg.n_layers)])
+        self.blocks = self._make_blocks(cfg)
         self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.unembed = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
         self.setup()
         if dtype is not None or device is not None:
             self.to(device=device, dtype=dtype)
         self.eval()
+
+    def _make_blocks(self, cfg: SSMConfig) -> nn.ModuleList:
+        """The residual blocks; subclasses (hybrids) build theirs here and share the rest of ``__init__``."""
+        return nn.ModuleList([SSMBlock(cfg) for _ in range(cfg.n_layers)])
 
     # ---- protocol ------------------------------------------------------------
     @property

@@ -36,12 +36,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.adapters.attention import Attention, activation
 from gather_aggregate.adapters.hybrid import HookedHybrid, HybridConfig, _first_int, _rope_of
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
-from gather_aggregate.adapters.model import DEFAULT_PATTERN_BUDGET
 from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
 
 
@@ -219,16 +217,8 @@ class Zamba2SSMBlock(nn.Module):
 class HookedZamba2(HookedHybrid):
     """Hooked Zamba2 (see the module docstring for the layer split and the packed resume state)."""
 
-    def __init__(self, cfg: HybridConfig, *, dtype: torch.dtype | None = None, device: Any = None) -> None:
-        HookedRootModule.__init__(self)
-        self.cfg = cfg
-        self.n_ctx = None
-        self.d_vocab = cfg.d_vocab
-        self.tokenizer = None
-        self.check_finite = False
-        self.max_pattern_bytes = DEFAULT_PATTERN_BUDGET
-        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint()
+    def _make_blocks(self, cfg: HybridConfig) -> nn.ModuleList:  # type: ignore[override]
+        """Registers ``shared_blocks`` (the weights the attention uses share), then returns the layer blocks."""
         n_uses = cfg.hf_layer_types.count("hybrid")
         self.shared_blocks = nn.ModuleList([SharedBlock(cfg) for _ in range(n_copies(cfg, n_uses))])
         blocks: list[nn.Module] = []
@@ -238,13 +228,7 @@ class HookedZamba2(HookedHybrid):
                 blocks.append(Zamba2AttnBlock(cfg, self.shared_blocks[block_of_use(cfg, use)]))
                 use += 1
             blocks.append(Zamba2SSMBlock(cfg))
-        self.blocks = nn.ModuleList(blocks)
-        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.unembed = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup()
-        if dtype is not None or device is not None:
-            self.to(device=device, dtype=dtype)
-        self.eval()
+        return nn.ModuleList(blocks)
 
     def resid_hook(self, layer: int) -> str:
         """The packed state entering ``layer`` (``[h ‖ e]`` or ``[h ‖ e ‖ T]``): what ``start_at_layer`` takes."""
