@@ -82,17 +82,10 @@ def convert_state_dict(state_dict: dict[str, Tensor], model: HookedSSM) -> dict[
     shaped = [f"{k}: checkpoint {tuple(out[k].shape)} vs expected {tuple(ours[k].shape)}"
               for k in sorted(out) if tuple(out[k].shape) != tuple(ours[k].shape)]
     if missing or unexpected or shaped:
-        parts = []
-        if missing:
-            parts.append(f"missing keys ({len(missing)}): {_listing(_ckpt_names(missing))}")
-        if shaped:
-            parts.append(f"mis-shaped keys ({len(shaped)}): {_listing(shaped)}")
-        if unexpected:
-            parts.append(f"unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
         raise CheckpointError(
             "checkpoint does not match its config (" + f"{model.cfg.model_type}, {model.cfg.n_layers} layers, "
             f"d_model={model.cfg.d_model}, d_inner={model.cfg.d_inner}, d_state={model.cfg.d_state}): "
-            + "; ".join(parts) + ". Check that config.json belongs to these weights (tie_word_embeddings, "
+            + key_problems(_ckpt_names(missing), shaped, unexpected) + ". Check that config.json belongs to these weights (tie_word_embeddings, "
             "state_size, expand, n_groups, num_hidden_layers)."
         )
     return out
@@ -121,20 +114,29 @@ def _listing(items: list[str], limit: int = 12) -> str:
     return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
+def key_problems(missing: list[str], shaped: list[str], unexpected: list[str]) -> str:
+    """``missing keys (n): ...; mis-shaped keys (n): ...; unexpected keys (n): ...`` (empty groups left out)."""
+    groups = (("missing", missing), ("mis-shaped", shaped), ("unexpected", unexpected))
+    return "; ".join(f"{what} keys ({len(keys)}): {_listing(keys)}" for what, keys in groups if keys)
+
+
+def fill_model(model: Any, converted: dict[str, Tensor], *, device: Any = None, dtype: torch.dtype | None = None) -> Any:
+    """Materialise a model built on the meta device with copies of ``converted`` (fp32 unless ``dtype``)."""
+    model = model.to_empty(device=device or "cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(converted[name].to(device=p.device))
+    model = model.to(dtype=dtype or torch.float32)
+    model.setup()
+    return model.eval()
+
+
 def build_model(cfg: SSMConfig, state_dict: dict[str, Tensor], *, device: Any = None,
                 dtype: torch.dtype | None = None) -> HookedSSM:
     """A ``HookedSSM`` holding copies of the checkpoint's tensors (the source is never modified)."""
     with torch.device("meta"):
         model = HookedSSM(cfg)
-    converted = convert_state_dict(state_dict, model)
-    target_dtype = dtype or torch.float32
-    model = model.to_empty(device=device or "cpu")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(converted[name].to(device=p.device))
-    model = model.to(dtype=target_dtype)
-    model.setup()
-    return model.eval()
+    return fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------- files

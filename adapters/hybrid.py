@@ -48,6 +48,7 @@ from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention, GatedMLP, SparseMoE
 from gather_aggregate.adapters.config import SSMConfig
+from gather_aggregate.adapters.convert import fill_model, key_problems
 from gather_aggregate.adapters.mixers import Mamba1Mixer, RMSNorm, make_mixer
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
@@ -376,17 +377,10 @@ def convert_state_dict(state_dict: dict[str, Tensor], model: HookedHybrid) -> di
     shaped = [f"{key_of(k, cfg)}: checkpoint {tuple(v.shape)} vs expected {tuple(ours[k].shape)}"
               for k, v in sorted(out.items()) if tuple(v.shape) != tuple(ours[k].shape)]
     if missing or unexpected or shaped:
-        parts = []
-        if missing:
-            parts.append(f"missing keys ({len(missing)}): {_listing(missing)}")
-        if shaped:
-            parts.append(f"mis-shaped keys ({len(shaped)}): {_listing(shaped)}")
-        if unexpected:
-            parts.append(f"unexpected keys ({len(unexpected)}): {_listing(sorted(unexpected))}")
         raise CheckpointError(
             f"checkpoint does not match its {cfg.model_type} config ({cfg.n_layers} layers, layout "
             f"{''.join('A' if k == 'attn' else 'S' for k in cfg.layer_kinds)}, d_model={cfg.d_model}): "
-            + "; ".join(parts) + ". Check that config.json belongs to these weights (attn_layer_indices / "
+            + key_problems(missing, shaped, sorted(unexpected)) + ". Check that config.json belongs to these weights (attn_layer_indices / "
             "attn_layer_period, num_experts, layers_block_type, num_mem_blocks, use_shared_attention_adapter, "
             "adapter_rank, tie_word_embeddings, hidden sizes)."
         )
@@ -423,11 +417,6 @@ def fuse_experts(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _listing(items: list[str], limit: int = 12) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
 def build_hybrid(cfg: HybridConfig, state_dict: dict[str, Tensor], *, device: Any = None,
                  dtype: torch.dtype | None = None) -> HookedHybrid:
     """A ``HookedHybrid`` holding copies of the checkpoint tensors (the source is never modified)."""
@@ -438,14 +427,7 @@ def build_hybrid(cfg: HybridConfig, state_dict: dict[str, Tensor], *, device: An
         cls = HookedZamba2
     with torch.device("meta"):
         model = cls(cfg)
-    converted = convert_state_dict(state_dict, model)
-    model = model.to_empty(device=device or "cpu")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(converted[name].to(device=p.device))
-    model = model.to(dtype=dtype or torch.float32)
-    model.setup()
-    return model.eval()
+    return fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype)
 
 
 def hybrid_model_type(path_or_hf_model: Any, config: Any = None) -> str | None:
