@@ -18,6 +18,7 @@ from gather_aggregate.zoo.data import (
     kv_prompt,
     mc_doc,
     mc_prompt,
+    mqar_doc,
     sample_doc,
 )
 from gather_aggregate.zoo.quick_eval import ablate_heads, eval_suite, evaluate
@@ -78,6 +79,19 @@ def test_kv_doc_first_query_is_the_evaluation_prompt():
     # every later query is supervised with the dictionary's value
     for (q, is_t), (a, is_a) in zip(doc[2::2], doc[3::2]):
         assert not is_t and is_a and a == f" {dict(pairs)[q.split(chr(39))[1]]}"
+
+
+def test_mqar_doc_pairs_are_adjacent_and_every_query_is_supervised():
+    rng = random.Random(4)
+    doc = mqar_doc(WORLD, rng, n_pairs=5, n_queries=12)
+    words = doc[0][0].split()
+    table = dict(zip(words[0::2], words[1::2]))
+    assert len(table) == 5 and set(table) <= set(WORLD.kv_keys) and set(table.values()) <= set(WORLD.kv_values)
+    queries = doc[1:]
+    assert len(queries) == 24
+    for (q, is_t), (a, is_a) in zip(queries[0::2], queries[1::2]):
+        assert not is_t and is_a and a == f" {table[q.strip()]}"
+    assert not Mixture().mqar and all(sample_doc(WORLD, rng, Mixture())[0] != "mqar" for _ in range(200))
 
 
 def test_letter_mc_docs_remove_the_positional_shortcuts():

@@ -17,6 +17,10 @@ what made in-context retrieval learnable on CPU in the trials:
   subset of A-E, options of 1-3 words (the colour in a random slot), filler prefix.
 * **Content-MC** the same prompt, answered with the option's text.
 * **Knowledge** ``The color of e is attr`` (several per document).
+* **MQAR** (auxiliary, weight 0 unless asked for) Zoology-style associative recall
+  with *adjacent* pairs ``k v k v ...`` followed by queries ``k v`` (keys with
+  replacement, loss on every value): the task on which a 2-layer transformer forms
+  an induction circuit fastest here (TOY_TRIALS, trial 3).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Mixture:
     letter_mc: float = 0.35
     content_mc: float = 0.1
     knowledge: float = 0.15
+    mqar: float = 0.0
     kv_min_pairs: int = 2
     kv_max_pairs: int = 16
     kv_queries: tuple[int, int] = (6, 16)
@@ -49,6 +54,8 @@ class Mixture:
     mc_modifier: float = 0.5  # chance that an option gets extra words around the colour
     max_filler: int = 4
     knowledge_per_doc: tuple[int, int] = (3, 8)
+    mqar_pairs: tuple[int, int] = (4, 8)
+    mqar_queries: tuple[int, int] = (16, 24)
 
 
 # --- prompt pieces (exactly the evaluation formats) ---------------------------------------------------------
@@ -138,12 +145,25 @@ def knowledge_doc(world: World, rng: random.Random, n: int) -> Doc:
     return doc
 
 
+def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
+    keys = rng.sample(world.kv_keys, n_pairs)
+    vals = rng.sample(world.kv_values, n_pairs)
+    table = dict(zip(keys, vals))
+    doc: Doc = [(" ".join(f"{k} {v}" for k, v in table.items()), False)]
+    for _ in range(n_queries):
+        q = rng.choice(keys)
+        doc += [(f" {q}", False), (f" {table[q]}", True)]
+    return doc
+
+
 def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int | None = None) -> tuple[str, Doc]:
-    kinds = ["kv", "letter_mc", "content_mc", "knowledge"]
-    kind = rng.choices(kinds, weights=[mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge])[0]
+    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar"]
+    kind = rng.choices(kinds, weights=[mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar])[0]
     if kind == "kv":
         hi = max(mix.kv_min_pairs, kv_max_pairs or mix.kv_max_pairs)
         return kind, kv_doc(world, rng, rng.randint(mix.kv_min_pairs, hi), rng.randint(*mix.kv_queries))
+    if kind == "mqar":
+        return kind, mqar_doc(world, rng, rng.randint(*mix.mqar_pairs), rng.randint(*mix.mqar_queries))
     if kind == "knowledge":
         return kind, knowledge_doc(world, rng, rng.randint(*mix.knowledge_per_doc))
     return kind, mc_doc(world, rng, mix, letter=(kind == "letter_mc"))
@@ -204,6 +224,18 @@ def kv_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> lis
         vals = rng.sample(world.kv_values, n_pairs)
         i = rng.randrange(n_pairs)
         out.append(EvalItem(kv_prompt(list(zip(keys, vals)), keys[i]), vals[i], list(world.kv_values)))
+    return out
+
+
+def mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
+    """The auxiliary MQAR task's first query: ``k v k v ... k`` -> ``v``."""
+    out = []
+    for _ in range(n):
+        keys = rng.sample(world.kv_keys, n_pairs)
+        vals = rng.sample(world.kv_values, n_pairs)
+        i = rng.randrange(n_pairs)
+        prompt = " ".join(f"{k} {v}" for k, v in zip(keys, vals)) + f" {keys[i]}"
+        out.append(EvalItem(prompt, vals[i], list(world.kv_values)))
     return out
 
 

@@ -22,7 +22,13 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.zoo.data import EvalItem, knowledge_eval_items, kv_eval_items, mc_eval_items
+from gather_aggregate.zoo.data import (
+    EvalItem,
+    knowledge_eval_items,
+    kv_eval_items,
+    mc_eval_items,
+    mqar_eval_items,
+)
 from gather_aggregate.zoo.vocab import World, split_words
 
 
@@ -59,6 +65,7 @@ def eval_suite(world: World, seed: int, n: int, kv_sizes: Iterable[int] = (4, 8,
     suite["letter_mc"] = mc_eval_items(world, rng, n, letter=True)
     suite["content_mc"] = mc_eval_items(world, rng, n, letter=False)
     suite["knowledge"] = knowledge_eval_items(world, rng, n)
+    suite["mqar8"] = mqar_eval_items(world, random.Random(seed + 1), 8, n)  # own stream: other sets unchanged
     return suite
 
 
