@@ -33,7 +33,7 @@ def _time(fn, repeats: int = 1):
     return best, out
 
 
-def bench_model(name: str, n: int, dict_size: int | None, threads: int) -> dict:
+def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero") -> dict:
     import torch
 
     from gather_aggregate import load_model
@@ -56,12 +56,16 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int) -> dict:
     task = get_task("kv", model_dir=path, **kw)
     examples = task.examples(model.tokenizer, n=n, seed=0)
     tokens, metric = task_metric(model, examples)
-    t_naive, naive = _time(lambda: naive_scan(model, tokens, metric))
-    t_exact, exact = _time(lambda: exact_scan(model, tokens, metric, progress=False))
-    t_atp, atp = _time(lambda: atp_scan(model, tokens, metric), repeats=3)
+    abl: dict = {"method": method}
+    if method != "zero":  # reference prompts: the same task, other seed (same length: per-position means)
+        ref, _ = task_metric(model, task.examples(model.tokenizer, n=n, seed=1))
+        abl["reference"] = ref
+    t_naive, naive = _time(lambda: naive_scan(model, tokens, metric, **abl))
+    t_exact, exact = _time(lambda: exact_scan(model, tokens, metric, progress=False, **abl))
+    t_atp, atp = _time(lambda: atp_scan(model, tokens, metric, **abl), repeats=3)
     diff = max(abs(exact.score(*hd) - naive.score(*hd)) for hd in model.all_heads())
     cmp = compare_rankings(exact, atp, k=5)
-    return {"model": name, "heads": len(model.all_heads()), "prompts": tuple(tokens.shape),
+    return {"model": name, "method": method, "heads": len(model.all_heads()), "prompts": tuple(tokens.shape),
             "naive_s": t_naive, "exact_s": t_exact, "atp_s": t_atp,
             "exact_speedup": t_naive / t_exact, "max_abs_diff": diff,
             "atp_speedup_vs_exact": t_exact / t_atp, "spearman": cmp["spearman"], "top5": cmp["top5_overlap"]}
@@ -75,14 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=32, help="prompts per scan")
     p.add_argument("--dict-size", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero", help="ablation method")
     args = p.parse_args(argv)
     models = args.models or list(list_zoo()) or ["random-llama"]
-    rows = [bench_model(m, args.n, args.dict_size, args.threads) for m in models]
-    print("| model | heads | prompts | naive (s) | exact (s) | exact speed-up | max abs diff | AtP (s) "
+    rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method) for m in models]
+    print("| model | ablation | heads | prompts | naive (s) | exact (s) | exact speed-up | max abs diff | AtP (s) "
           "| AtP speed-up vs exact | Spearman ρ | top-5 overlap |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['heads']} | {r['prompts'][0]}×{r['prompts'][1]} | {r['naive_s']:.2f} | "
+        print(f"| {r['model']} | {r['method']} | {r['heads']} | {r['prompts'][0]}×{r['prompts'][1]} | {r['naive_s']:.2f} | "
               f"{r['exact_s']:.2f} | {r['exact_speedup']:.1f}× | {r['max_abs_diff']:.1e} | {r['atp_s']:.3f} | "
               f"{r['atp_speedup_vs_exact']:.1f}× | {r['spearman']:.3f} | {int(r['top5'])}/5 |")
     return 0
