@@ -26,7 +26,7 @@ what made in-context retrieval learnable on CPU in the trials:
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -217,26 +217,29 @@ class EvalItem:
     candidates: list[str]
 
 
-def kv_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
+def mqar_prompt(pairs: Sequence[tuple[str, str]], key: str) -> str:
+    return " ".join(f"{k} {v}" for k, v in pairs) + f" {key}"
+
+
+def _recall_items(world: World, rng: random.Random, n_pairs: int, n: int,
+                  render: Callable[[Sequence[tuple[str, str]], str], str]) -> list[EvalItem]:
+    """``n`` dictionaries of ``n_pairs`` random key-value pairs, each rendered with one of its keys as the query."""
     out = []
     for _ in range(n):
         keys = rng.sample(world.kv_keys, n_pairs)
         vals = rng.sample(world.kv_values, n_pairs)
         i = rng.randrange(n_pairs)
-        out.append(EvalItem(kv_prompt(list(zip(keys, vals)), keys[i]), vals[i], list(world.kv_values)))
+        out.append(EvalItem(render(list(zip(keys, vals)), keys[i]), vals[i], list(world.kv_values)))
     return out
+
+
+def kv_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
+    return _recall_items(world, rng, n_pairs, n, kv_prompt)
 
 
 def mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
     """The auxiliary MQAR task's first query: ``k v k v ... k`` -> ``v``."""
-    out = []
-    for _ in range(n):
-        keys = rng.sample(world.kv_keys, n_pairs)
-        vals = rng.sample(world.kv_values, n_pairs)
-        i = rng.randrange(n_pairs)
-        prompt = " ".join(f"{k} {v}" for k, v in zip(keys, vals)) + f" {keys[i]}"
-        out.append(EvalItem(prompt, vals[i], list(world.kv_values)))
-    return out
+    return _recall_items(world, rng, n_pairs, n, mqar_prompt)
 
 
 def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_options: int = 4) -> list[EvalItem]:
