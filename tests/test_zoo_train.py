@@ -19,6 +19,7 @@ from gather_aggregate.zoo.data import (
     mc_doc,
     mc_prompt,
     mqar_doc,
+    mqar_prompt,
     sample_doc,
 )
 from gather_aggregate.zoo.quick_eval import ablate_heads, eval_suite, evaluate
@@ -85,9 +86,11 @@ def test_mqar_doc_pairs_are_adjacent_and_every_query_is_supervised():
     rng = random.Random(4)
     doc = mqar_doc(WORLD, rng, n_pairs=5, n_queries=12)
     words = doc[0][0].split()
-    table = dict(zip(words[0::2], words[1::2]))
-    assert len(table) == 5 and set(table) <= set(WORLD.kv_keys) and set(table.values()) <= set(WORLD.kv_values)
-    queries = doc[1:]
+    table = dict(zip(words[0:-1:2], words[1::2]))
+    assert len(words) == 11 and len(table) == 5
+    assert set(table) <= set(WORLD.kv_keys) and set(table.values()) <= set(WORLD.kv_values)
+    assert doc[0][0] == mqar_prompt(list(table.items()), words[-1])  # the first query is the evaluation prompt
+    queries = [(words[-1], False), *doc[1:]]
     assert len(queries) == 24
     for (q, is_t), (a, is_a) in zip(queries[0::2], queries[1::2]):
         assert not is_t and is_a and a == f" {table[q.strip()]}"

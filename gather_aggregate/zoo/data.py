@@ -71,6 +71,10 @@ def mc_prompt(relation: str, entity: str, options: Sequence[tuple[str, str]]) ->
             + "Answer:")
 
 
+def mqar_prompt(pairs: Sequence[tuple[str, str]], key: str) -> str:
+    return " ".join(f"{k} {v}" for k, v in pairs) + f" {key}"
+
+
 def knowledge_prompt(relation: str, entity: str) -> str:
     return f"The {relation} of {entity} is"
 
@@ -148,10 +152,12 @@ def knowledge_doc(world: World, rng: random.Random, n: int) -> Doc:
 def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
     keys = rng.sample(world.kv_keys, n_pairs)
     vals = rng.sample(world.kv_values, n_pairs)
-    table = dict(zip(keys, vals))
-    doc: Doc = [(" ".join(f"{k} {v}" for k, v in table.items()), False)]
-    for _ in range(n_queries):
-        q = rng.choice(keys)
+    pairs = list(zip(keys, vals))
+    table = dict(pairs)
+    q = rng.choice(keys)
+    doc: Doc = [(mqar_prompt(pairs, q), False), (f" {table[q]}", True)]  # the first query is the evaluation prompt
+    for _ in range(n_queries - 1):
+        q = rng.choice(keys)  # with replacement
         doc += [(f" {q}", False), (f" {table[q]}", True)]
     return doc
 
@@ -215,10 +221,6 @@ class EvalItem:
     prompt: str
     answer: str  # the correct candidate, without the leading space
     candidates: list[str]
-
-
-def mqar_prompt(pairs: Sequence[tuple[str, str]], key: str) -> str:
-    return " ".join(f"{k} {v}" for k, v in pairs) + f" {key}"
 
 
 def _recall_items(world: World, rng: random.Random, n_pairs: int, n: int,
