@@ -29,7 +29,7 @@ from gather_aggregate.zoo import list_zoo
 ZOO = list_zoo()
 N = 48
 LETTER_AFTER_TOP1 = 0.40  # mamba2-mc: 0.31 measured with 96 prompts (chance 0.25); claim b asks for <= 0.30
-MODELS = ("llama-ga", "mamba2-ga", "bamba-ga", "mamba2-mc")
+MODELS = ("llama-ga", "mamba2-ga", "bamba-ga", "mamba2-mc", "llama-kv")
 pytestmark = pytest.mark.skipif(not set(MODELS) <= set(ZOO),
                                 reason="the toy zoo is not shipped in this checkout")
 NOT_LEARNT = ("not reproduced at toy scale: the shipped transformer did not learn in-context retrieval on this "
@@ -60,10 +60,29 @@ def _breaks(r: dict, task: str) -> dict:
 # --- a: the transformer retrieves -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_LEARNT)
+def test_a_transformer_solves_kv_retrieval(measured):
+    """Claim a, its KV half: ``llama-kv`` (MQAR first, then KV, then the full mixture; see its LINEAGE.md)."""
+    r = measured["llama-kv"]
+    assert r["clean"]["kv"] >= 0.9 and r["kv_by_size"][2] >= 0.9, r["clean"]
+    assert r["clean"]["knowledge"] >= 0.9 and r["clean"]["content-mc"] >= 0.9, r["clean"]
+
+
+@pytest.mark.xfail(strict=True, reason="not reproduced in full: no transformer learnt letter-format MC here "
+                   "(llama-kv: KV 1.00, letter-MC at chance); see docs/results.md")
 def test_a_transformer_solves_kv_and_letter_mc(measured):
-    r = measured["llama-ga"]
+    r = measured["llama-kv"]
     assert r["clean"]["kv"] >= 0.9 and r["clean"]["letter-mc"] >= 0.9, r["clean"]
+
+
+def test_b_weaker_transformer_kv_rests_on_one_head(measured):
+    """The transformer's KV-retrieval has a single-head bottleneck: the exact scan's top head alone takes KV from
+    1.00 to chance level, where random heads cost nothing.  Weaker than claim b: the head is found by the scan, not
+    by the Gather/Aggregate scores, and knowledge and content-MC move ~10 points with it (not <= 5)."""
+    r = measured["llama-kv"]
+    k1 = next(row for row in r["by_task"]["kv"]["cumulative"] if row["k"] == 1)
+    assert r["clean"]["kv"] - k1["kv"] >= 0.8 and k1["kv"] <= 2 * r["chance"]["kv"], k1
+    assert r["by_task"]["kv"]["random_baseline"]["kv"] >= r["clean"]["kv"] - 0.05, r["by_task"]["kv"]["random_baseline"]
+    assert r["clean"]["knowledge"] - k1["knowledge"] <= 0.25 and r["clean"]["content-mc"] - k1["content-mc"] <= 0.25
 
 
 def test_a_knowledge_without_retrieval_and_attention_retrieval_in_the_hybrid(measured):
