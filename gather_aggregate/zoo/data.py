@@ -82,17 +82,25 @@ def knowledge_prompt(relation: str, entity: str) -> str:
 # --- training documents ---------------------------------------------------------------------------------------
 
 
-def kv_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
+def _recall_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int,
+                render: Callable[[Sequence[tuple[str, str]], str], str], query: Callable[[str], str]) -> Doc:
+    """A random dictionary rendered with its first query (the evaluation prompt), then ``n_queries - 1`` more
+    queries ``query(key)``, keys drawn with replacement (no elimination shortcut); every value is a target."""
     keys = rng.sample(world.kv_keys, n_pairs)
     vals = rng.sample(world.kv_values, n_pairs)
     pairs = list(zip(keys, vals))
     table = dict(pairs)
     q = rng.choice(keys)
-    doc: Doc = [(kv_prompt(pairs, q), False), (f" {table[q]}", True)]
+    doc: Doc = [(render(pairs, q), False), (f" {table[q]}", True)]
     for _ in range(n_queries - 1):
-        q = rng.choice(keys)  # with replacement; short form, the key still sits two tokens before the value
-        doc += [(f"\n'{q}' is", False), (f" {table[q]}", True)]
+        q = rng.choice(keys)
+        doc += [(query(q), False), (f" {table[q]}", True)]
     return doc
+
+
+def kv_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
+    # later queries in the short form; the key still sits two tokens before the value
+    return _recall_doc(world, rng, n_pairs, n_queries, kv_prompt, lambda q: f"\n'{q}' is")
 
 
 def _entity_with(world: World, rng: random.Random, attr: str) -> str:
@@ -150,16 +158,7 @@ def knowledge_doc(world: World, rng: random.Random, n: int) -> Doc:
 
 
 def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
-    keys = rng.sample(world.kv_keys, n_pairs)
-    vals = rng.sample(world.kv_values, n_pairs)
-    pairs = list(zip(keys, vals))
-    table = dict(pairs)
-    q = rng.choice(keys)
-    doc: Doc = [(mqar_prompt(pairs, q), False), (f" {table[q]}", True)]  # the first query is the evaluation prompt
-    for _ in range(n_queries - 1):
-        q = rng.choice(keys)  # with replacement
-        doc += [(f" {q}", False), (f" {table[q]}", True)]
-    return doc
+    return _recall_doc(world, rng, n_pairs, n_queries, mqar_prompt, lambda q: f" {q}")
 
 
 def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int | None = None) -> tuple[str, Doc]:
