@@ -13,8 +13,9 @@ the HF forward (to float rounding).  Legacy hook names (``blocks.L.attn.hook_z``
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ class BridgeModel(ProtocolMixin):
         cfg = bridge.cfg
         self.n_ctx = int(cfg.n_ctx) if getattr(cfg, "n_ctx", None) else None
         self.d_vocab = int(cfg.d_vocab)
+        self._block_returns_tuple: bool | None = None  # learnt on the first start_at_layer call
         self._layers = [
             LayerInfo(index=i, kind="attn", n_heads=int(cfg.n_heads), d_head=int(cfg.d_head),
                       head_hook=f"blocks.{i}.attn.hook_z")
@@ -112,7 +114,51 @@ class BridgeModel(ProtocolMixin):
             self._check_resume(tokens, start_at_layer)
         if stop_at_layer is not None and not 0 <= stop_at_layer <= self.n_layers:
             raise InputError(f"stop_at_layer must be in [0, {self.n_layers}], got {stop_at_layer}")
-        return self.module(tokens, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, **kwargs)
+        with self._skip_blocks_below(start_at_layer or 0):
+            return self.module(tokens, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, **kwargs)
+
+    @contextlib.contextmanager
+    def _skip_blocks_below(self, k: int) -> Iterator[None]:
+        """Make blocks ``0..k-1`` pass their input through while inside the block.
+
+        TL 4.x resumes at block ``k`` by feeding the residual in as input
+        embeddings, running blocks ``0..k-1`` anyway and swapping the residual
+        back in at block ``k``: the prefix is computed and thrown away.  Their
+        output is discarded, so they may as well return their input; only its
+        type matters (a tensor or a 1-tuple, as the HF layer returns), which the
+        first resumed call learns by running the blocks once.  The override is
+        an instance attribute on the bridge's private copy of each HF layer,
+        removed on exit (even after an exception); no weight is touched.
+        """
+        if k <= 0:
+            yield
+            return
+        layers = [block.original_component for block in self.module.blocks[:k]]
+        if self._block_returns_tuple is None:
+            seen: list[bool] = []
+            handles = [layer.register_forward_hook(lambda _m, _a, out: seen.append(isinstance(out, tuple)))
+                       for layer in layers[:1]]
+            try:
+                yield
+            finally:
+                for h in handles:
+                    h.remove()
+            if seen:
+                self._block_returns_tuple = seen[0]
+            return
+        as_tuple = self._block_returns_tuple
+
+        def passthrough(*args: Any, **kwargs: Any) -> Any:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            return (hidden,) if as_tuple else hidden
+
+        try:
+            for layer in layers:
+                layer.forward = passthrough
+            yield
+        finally:
+            for layer in layers:
+                layer.__dict__.pop("forward", None)
 
     def _check_resume(self, resid: Any, start_at_layer: int) -> None:
         if not 0 <= start_at_layer < self.n_layers:

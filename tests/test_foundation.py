@@ -90,7 +90,32 @@ def test_start_and_stop_at_layer_resume_exactly(llama_model):
     toks = llama_model.to_tokens(TEXTS)
     full = llama_model(toks)
     resid = llama_model(toks, stop_at_layer=1)
-    torch.testing.assert_close(llama_model(resid, start_at_layer=1), full)
+    for _ in range(2):  # the first resumed call learns the layers' output type, later ones skip the prefix
+        torch.testing.assert_close(llama_model(resid, start_at_layer=1), full)
+
+
+def test_start_at_layer_skips_the_prefix_and_leaves_no_override(llama_model):
+    """TL 4.x runs (and discards) the blocks below ``start_at_layer``; the protocol model skips them."""
+    toks = llama_model.to_tokens(TEXTS)
+    resid = llama_model(toks, stop_at_layer=1)
+    llama_model(resid, start_at_layer=1)
+    calls = []
+    attn0 = llama_model.module.blocks[0].original_component.self_attn
+    handle = attn0.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        llama_model(resid, start_at_layer=1)
+        assert calls == []
+        llama_model(toks)
+        assert calls == [1]
+        with pytest.raises(RuntimeError, match="boom"):
+            def boom(x, hook):
+                raise RuntimeError("boom")
+            with llama_model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", boom)]):
+                llama_model(resid, start_at_layer=1)
+    finally:
+        handle.remove()
+    assert all("forward" not in b.original_component.__dict__ for b in llama_model.module.blocks)
+    torch.testing.assert_close(llama_model(toks), llama_model(resid, start_at_layer=1))
 
 
 def test_hooks_removed_after_exception(llama_model):
