@@ -22,6 +22,9 @@ what made in-context retrieval learnable on CPU in the trials:
   replacement, loss on every value); the text format of the ``mqar`` task
   (:mod:`gather_aggregate.tasks.mqar`).  A 2-layer transformer forms an induction
   circuit on it within a few hundred steps, which it never did on KV directly.
+* **Letter lookup** (auxiliary, weight 0 unless asked for) letter-MC whose questions
+  name the colour itself, ``Question: What is the color of red?`` + options +
+  ``Answer: L``: the in-context half of letter-MC without the fact lookup.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Mixture:
     content_mc: float = 0.1
     knowledge: float = 0.15
     mqar: float = 0.0
+    letter_lookup: float = 0.0
     kv_min_pairs: int = 2
     kv_max_pairs: int = 16
     kv_queries: tuple[int, int] = (6, 16)
@@ -128,13 +132,16 @@ def mc_options(world: World, rng: random.Random, entity: str, n_options: int, in
     return [(L, _option_text(world, rng, a, p_modifier)) for L, a in zip(letters, attrs)], correct
 
 
-def mc_doc(world: World, rng: random.Random, mix: Mixture, letter: bool) -> Doc:
+def mc_doc(world: World, rng: random.Random, mix: Mixture, letter: bool, lookup: bool = False) -> Doc:
+    """Letter- or content-format MC; with ``lookup`` the questions name the colour itself instead of an entity
+    (``What is the color of red?``), so only the in-context step (find the option, read its letter) is left."""
     entity = rng.choice(world.entities)
     n_opt = rng.randint(*mix.mc_options)
     in_order = rng.random() < mix.mc_in_order
     options, correct = mc_options(world, rng, entity, n_opt, in_order, mix.mc_modifier if letter else 0.0)
     prefix = " ".join(rng.choice(world.filler) for _ in range(rng.randint(0, mix.max_filler)))
-    prompt = (prefix + " " if prefix else "") + mc_prompt(world.relation, entity, options)
+    subject = world.facts[entity] if lookup else entity
+    prompt = (prefix + " " if prefix else "") + mc_prompt(world.relation, subject, options)
     answer = options[correct][0] if letter else options[correct][1]
     doc: Doc = [(prompt, False), (f" {answer}", True)]
     if letter:
@@ -144,7 +151,7 @@ def mc_doc(world: World, rng: random.Random, mix: Mixture, letter: bool) -> Doc:
             colour_to_letter[colour] = L
         for _ in range(rng.randint(*mix.mc_followups)):
             colour = rng.choice(list(colour_to_letter))
-            e2 = _entity_with(world, rng, colour)
+            e2 = colour if lookup else _entity_with(world, rng, colour)
             doc += [(f"\nQuestion: What is the {world.relation} of {e2}?\nAnswer:", False),
                     (f" {colour_to_letter[colour]}", True)]
     return doc
@@ -163,8 +170,9 @@ def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> 
 
 
 def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int | None = None) -> tuple[str, Doc]:
-    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar"]
-    kind = rng.choices(kinds, weights=[mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar])[0]
+    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar", "letter_lookup"]
+    weights = [mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar, mix.letter_lookup]
+    kind = rng.choices(kinds, weights=weights)[0]
     if kind == "kv":
         hi = max(mix.kv_min_pairs, kv_max_pairs or mix.kv_max_pairs)
         return kind, kv_doc(world, rng, rng.randint(mix.kv_min_pairs, hi), rng.randint(*mix.kv_queries))
@@ -172,6 +180,8 @@ def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int
         return kind, mqar_doc(world, rng, rng.randint(*mix.mqar_pairs), rng.randint(*mix.mqar_queries))
     if kind == "knowledge":
         return kind, knowledge_doc(world, rng, rng.randint(*mix.knowledge_per_doc))
+    if kind == "letter_lookup":
+        return kind, mc_doc(world, rng, mix, letter=True, lookup=True)
     return kind, mc_doc(world, rng, mix, letter=(kind == "letter_mc"))
 
 
@@ -244,12 +254,13 @@ def mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> l
     return _recall_items(world, rng, n_pairs, n, mqar_prompt)
 
 
-def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_options: int = 4) -> list[EvalItem]:
+def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_options: int = 4,
+                  lookup: bool = False) -> list[EvalItem]:
     out = []
     for _ in range(n):
         e = rng.choice(world.entities)
         options, c = mc_options(world, rng, e, n_options, in_order=True, p_modifier=0.0)
-        prompt = mc_prompt(world.relation, e, options)
+        prompt = mc_prompt(world.relation, world.facts[e] if lookup else e, options)
         if letter:
             out.append(EvalItem(prompt, options[c][0], [L for L, _ in options]))
         else:

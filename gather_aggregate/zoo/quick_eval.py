@@ -66,6 +66,7 @@ def eval_suite(world: World, seed: int, n: int, kv_sizes: Iterable[int] = (4, 8,
     suite["content_mc"] = mc_eval_items(world, rng, n, letter=False)
     suite["knowledge"] = knowledge_eval_items(world, rng, n)
     suite["mqar8"] = mqar_eval_items(world, random.Random(seed + 1), 8, n)  # own stream: other sets unchanged
+    suite["lookup"] = mc_eval_items(world, random.Random(seed + 2), n, letter=True, lookup=True)
     return suite
 
 
