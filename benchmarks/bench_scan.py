@@ -13,6 +13,13 @@ difference, AtP-vs-exact speed-up, Spearman ρ and top-5 overlap.
 
     python benchmarks/bench_scan.py                      # shipped zoo models (or a random Llama if none)
     python benchmarks/bench_scan.py --models llama-ga mamba2-ga --n 32
+    python benchmarks/bench_scan.py --models --deep 12   # random-weight 12-layer Llama and Mamba-2 only
+
+``--deep N`` adds a randomly initialised ``N``-layer Llama and Mamba-2 of the zoo's
+widths and vocabulary (same KV prompts): the exact scan skips the clean prefix
+below each scanned layer, so its gain grows with depth, which the 2-4-layer zoo
+cannot show.  Their scores are those of untrained weights: read the timing, not
+the ranking agreement.
 """
 
 from __future__ import annotations
@@ -33,7 +40,33 @@ def _time(fn, repeats: int = 1):
     return best, out
 
 
-def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero") -> dict:
+def deep_random_dir(arch: str, n_layers: int) -> tuple[str, "os.PathLike"]:
+    """A randomly initialised ``n_layers``-deep zoo-width ``arch`` model with the zoo's tokenizer and tasks."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from gather_aggregate.zoo import list_zoo
+    from gather_aggregate.zoo.train import TrainConfig, build_model
+
+    zoo = list_zoo()
+    src = zoo.get({"llama": "llama-kv", "mamba2": "mamba2-ga"}[arch]) or next(iter(zoo.values()), None)
+    if src is None:
+        raise SystemExit("--deep needs a shipped zoo model for the tokenizer and tasks")
+    out = Path(tempfile.mkdtemp(prefix=f"deep-{arch}-"))
+    for f in Path(src).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "facts", "zoo_tasks")):
+            shutil.copy(f, out / f.name)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    cfg = TrainConfig(arch=arch, out=str(out), n_layers=n_layers).resolved()
+    build_model(cfg, len(tok), tok.pad_token_id, tok.eos_token_id).save_pretrained(out)
+    return f"{arch} random {n_layers}L", out
+
+
+def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero",
+                path: "os.PathLike | None" = None) -> dict:
     import torch
 
     from gather_aggregate import load_model
@@ -43,7 +76,7 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
     from gather_aggregate.zoo import list_zoo
 
     torch.set_num_threads(threads)
-    path = list_zoo().get(name)
+    path = path or list_zoo().get(name)
     if path is None:
         import tempfile
 
@@ -75,14 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     from gather_aggregate.zoo import list_zoo
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="*", default=None, help="zoo names (default: every shipped zoo model)")
+    p.add_argument("--models", nargs="*", default=None,
+                   help="zoo names (default: every shipped zoo model; an empty --models with --deep: none)")
+    p.add_argument("--deep", type=int, default=None, metavar="N",
+                   help="also scan randomly initialised N-layer Llama and Mamba-2 models (timing only)")
     p.add_argument("--n", type=int, default=32, help="prompts per scan")
     p.add_argument("--dict-size", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero", help="ablation method")
     args = p.parse_args(argv)
-    models = args.models or list(list_zoo()) or ["random-llama"]
+    models = args.models if args.models is not None else (list(list_zoo()) or ["random-llama"])
     rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method) for m in models]
+    if args.deep:
+        for arch in ("llama", "mamba2"):
+            name, path = deep_random_dir(arch, args.deep)
+            rows.append(bench_model(name, args.n, args.dict_size, args.threads, args.method, path=path))
     print("| model | ablation | heads | prompts | naive (s) | exact (s) | exact speed-up | max abs diff | AtP (s) "
           "| AtP speed-up vs exact | Spearman ρ | top-5 overlap |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
