@@ -138,11 +138,16 @@ def single_head_effects(model: Any, sets: Mapping[str, Sequence[Any]], clean: Ma
             for la, h in model.all_heads()]
 
 
-def aggregate_entropy(model: Any, examples: Sequence[Any], ga: Any, top: int = 1) -> dict[str, Any]:
-    """Mean entropy (nats) and top-1 mass of the final-position row of the ``top`` strongest Aggregate heads."""
+def aggregate_entropy(model: Any, examples: Sequence[Any], ga: Any, top: int = 1,
+                      score: str = "aggregate") -> dict[str, Any]:
+    """Mean entropy (nats) and top-1 mass of the final-position row of the ``top`` strongest Aggregate heads.
+
+    ``score="aggregate"`` ranks heads by the mass on the correct segment's summary token (the paper's Aggregate
+    head), ``score="aggregate_segment"`` by the mass on any of its tokens (a head that reads, say, the value token).
+    """
     from gather_aggregate.metrics import row_entropy, top1_mass
 
-    rows = sorted(ga.table, key=lambda r: -r["aggregate"])[:top]
+    rows = sorted(ga.table, key=lambda r: -r[score])[:top]
     ents, masses = [], []
     for r in rows:
         for ex in examples:
@@ -180,13 +185,16 @@ def retrieval_analysis(model: Any, sets: Mapping[str, Sequence[Any]], clean: Map
     k_b = len(b["best"]["heads"]) if b["best"] else 1
     single = single_head_effects(model, sets, clean, task=task)
     top_agg = max(ga.table, key=lambda r: r["aggregate"])
+    top_seg = max(ga.table, key=lambda r: r["aggregate_segment"])
+    info = ("layer", "head", "kind", "aggregate", "aggregate_segment", "aggregate_hit", "aggregate_mass")
     return {"scan_top": [list(h) for h in scan.top(4)], "gather": [list(h) for h in ga.gather],
             "aggregate": [list(h) for h in ga.aggregate], "bottleneck": b,
             "random_baseline": random_baseline(model, k_b, sets, exclude=[tuple(h) for h in b["flagged"]]),
             "max_single_head_drop": max(r["drop"] for r in single), "single_head": single,
             "aggregate_row": aggregate_entropy(model, sets[task][:32], ga),
-            "top_aggregate": {k: top_agg[k] for k in ("layer", "head", "kind", "aggregate", "aggregate_hit",
-                                                      "aggregate_mass")},
+            "top_aggregate": {k: top_agg[k] for k in info},
+            "segment_aggregate_row": aggregate_entropy(model, sets[task][:32], ga, score="aggregate_segment"),
+            "top_segment_aggregate": {k: top_seg[k] for k in info},
             "cumulative": cumulative_ablation(model, scan.top(max(ks)), sets, ks=ks)}
 
 
@@ -242,14 +250,22 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
                          *(by[m]["random_baseline"][t] for t in TASKS)])
         out.append(_md_table(["model", "ablated heads", *TASKS], rows))
         out += ["", f"**Per-head effect and Aggregate sharpness (claim c)**: largest single-head drop on {task}; the "
-                "strongest Aggregate head's final row on the same prompts (entropy in nats, top-1 mass, share of "
-                "prompts where it peaks on the correct segment's summary token)", ""]
-        out.append(_md_table(["model", "max 1-head drop", "Aggregate head", "kind", "row entropy", "top-1 mass",
-                              "peak on correct"],
-                             [[m, by[m]["max_single_head_drop"], str(by[m]["aggregate_row"]["heads"][0]),
-                               by[m]["top_aggregate"]["kind"], by[m]["aggregate_row"]["entropy"],
-                               by[m]["aggregate_row"]["top1_mass"], by[m]["top_aggregate"]["aggregate_hit"]]
-                              for m in names]))
+                "final row of the strongest Aggregate head on the same prompts, ranked by the mass on the correct "
+                "segment's summary token (`summary`) and by the mass on any of its tokens (`segment`): entropy in "
+                "nats, top-1 mass, the contrast score (mass on the correct segment minus the mean on the others), "
+                "and the share of prompts where the row peaks on the correct summary token", ""]
+        rows = []
+        for m in names:
+            for label, row, top, score in (("summary", "aggregate_row", "top_aggregate", "aggregate"),
+                                           ("segment", "segment_aggregate_row", "top_segment_aggregate",
+                                            "aggregate_segment")):
+                if row not in by[m]:  # results written before the segment reading existed
+                    continue
+                rows.append([m, by[m]["max_single_head_drop"], f"{by[m][row]['heads'][0]} ({label})",
+                             by[m][top]["kind"], by[m][row]["entropy"], by[m][row]["top1_mass"], by[m][top][score],
+                             by[m][top]["aggregate_hit"]])
+        out.append(_md_table(["model", "max 1-head drop", "Aggregate head (reads)", "kind", "row entropy",
+                              "top-1 mass", "score", "peak on correct summary"], rows))
         out += ["", f"**Cumulative ablation (claim d)**: the top-k heads of the {task} scan removed", ""]
         out.append(_md_table(["model", "k", *TASKS, "heads"],
                              [[m, c["k"], *(c[t] for t in TASKS), str(c["heads"])] for m in names
@@ -284,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             print("    random " + "  ".join(f"{t} {v:.3f}" for t, v in an["random_baseline"].items()))
             print(f"    max single-head drop {an['max_single_head_drop']:.3f}; aggregate row entropy "
                   f"{an['aggregate_row']['entropy']:.3f} (top-1 mass {an['aggregate_row']['top1_mass']:.3f}, "
-                  f"peak on correct {an['top_aggregate']['aggregate_hit']:.2f})")
+                  f"peak on correct {an['top_aggregate']['aggregate_hit']:.2f}); segment-reading Aggregate head "
+                  f"{an['segment_aggregate_row']['heads'][0]} row entropy {an['segment_aggregate_row']['entropy']:.3f} "
+                  f"(top-1 mass {an['segment_aggregate_row']['top1_mass']:.3f})")
             for c in an["cumulative"]:
                 print(f"    k={c['k']}: " + "  ".join(f"{t} {c[t]:.3f}" for t in TASKS) + f"  {c['heads']}")
     atomic_write_json(Path(a.out), res)
