@@ -121,6 +121,23 @@ def test_letter_mc_docs_remove_the_positional_shortcuts():
     assert set(prefixes) == set(range(mix.max_filler + 1))
 
 
+def test_letter_lookup_docs_name_the_colour_and_answer_with_its_letter():
+    rng = random.Random(5)
+    mix = Mixture(kv=0, letter_mc=0, content_mc=0, knowledge=0, letter_lookup=1.0)
+    for _ in range(50):
+        kind, doc = sample_doc(WORLD, rng, mix)
+        assert kind == "letter_lookup"
+        options = [ln for ln in doc[0][0].split("\n")[1:] if ln and not ln.startswith("Answer")]
+        letter_of = {w: ln.split(".")[0] for ln in options for w in ln.split(". ", 1)[1].split()}
+        questions = [doc[0][0].split("\n")[0]] + [t for t, target in doc[2:] if not target]
+        answers = [t for t, target in doc[1:] if target]
+        assert len(questions) == len(answers) >= 1 + mix.mc_followups[0]
+        for q, a in zip(questions, answers):
+            colour = q.split(" of ")[1].split("?")[0]
+            assert colour in WORLD.attributes and a == f" {letter_of[colour]}"
+    assert not Mixture().letter_lookup  # auxiliary: off unless asked for
+
+
 def test_collate_supervises_only_target_tokens():
     rng = random.Random(4)
     vocab = WORLD.vocab()
@@ -193,6 +210,31 @@ def test_warm_start_continues_from_a_checkpoint_and_checks_the_arch(tmp_path):
     assert rec["config"]["init"] == str(tmp_path / "a")
     with pytest.raises(ValueError, match="holds a 'llama' model"):
         main(["--arch", "mamba2", "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), *base[:-8]])
+
+
+def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from gather_aggregate.zoo.train import TrainConfig, load_init, main
+
+    base = ["--steps", "2", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "2",
+            "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
+    assert main(["--arch", "llama", "--out", str(tmp_path / "a"), *base]) == 0
+    small = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    grown = load_init(TrainConfig(arch="llama", out=str(tmp_path / "b"), init=str(tmp_path / "a"), grow_to=4),
+                      small.config.vocab_size)
+    assert len(grown.model.layers) == grown.config.num_hidden_layers == 4
+    x = torch.randint(0, small.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(grown(input_ids=x).logits, small(input_ids=x).logits, atol=0, rtol=0)
+    assert main(["--arch", "llama", "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--grow-to", "3",
+                 *base]) == 0
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "c").config.num_hidden_layers == 3
+    with pytest.raises(ValueError, match="needs --init"):
+        main(["--arch", "llama", "--out", str(tmp_path / "d"), "--grow-to", "3", *base])
+    with pytest.raises(ValueError, match="below the checkpoint"):
+        load_init(TrainConfig(arch="llama", out=str(tmp_path / "e"), init=str(tmp_path / "c"), grow_to=2),
+                  small.config.vocab_size)
 
 
 def test_ablate_heads_changes_outputs_only_inside_the_block(tmp_path):

@@ -76,6 +76,7 @@ class TrainConfig:
     mixture: dict[str, Any] = dataclasses.field(default_factory=dict)
     attn_layers: list[int] | None = None  # bamba only: indices of the attention layers
     init: str | None = None  # warm start: a model directory written by this script (same --arch)
+    grow_to: int | None = None  # llama warm start only: append identity-initialised layers up to this depth
 
     def resolved(self) -> TrainConfig:
         cfg = dataclasses.replace(self)
@@ -142,7 +143,32 @@ def load_init(cfg: TrainConfig, vocab_size: int) -> Any:
                          "use the same --world-seed")
     if cfg.arch == "mamba1":
         model.config.use_mambapy = True
+    if cfg.grow_to is not None:
+        grow_layers(model, cfg.grow_to, cfg.seed)
     return model
+
+
+def grow_layers(model: Any, n_layers: int, seed: int) -> None:
+    """Append freshly initialised Llama layers up to ``n_layers`` whose output projections (attention ``o_proj``,
+    MLP ``down_proj``) start at zero: each new layer adds nothing to the residual stream at first, so the grown
+    model computes exactly what the warm-start checkpoint did, and gradient descent decides what the new layers
+    add.  The new layers go on top, after the circuits the checkpoint already has."""
+    if model.config.model_type != "llama":
+        raise ValueError(f"--grow-to supports llama checkpoints only, not {model.config.model_type!r}")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    layers = model.model.layers
+    if n_layers < len(layers):
+        raise ValueError(f"--grow-to {n_layers} is below the checkpoint's {len(layers)} layers")
+    torch.manual_seed(seed)
+    for i in range(len(layers), n_layers):
+        layer = LlamaDecoderLayer(model.config, layer_idx=i)
+        layer.apply(model._init_weights)
+        with torch.no_grad():
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        layers.append(layer)
+    model.config.num_hidden_layers = n_layers
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -180,6 +206,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     tokenizer = build_tokenizer(world)
     vocab = world.vocab()
     pad_id = vocab[PAD]
+    if cfg.grow_to is not None and not cfg.init:
+        raise ValueError("--grow-to needs --init (it grows a trained checkpoint)")
     if cfg.init:
         model = load_init(cfg, len(vocab))
     else:
@@ -263,6 +291,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--mixture", type=str, default="{}", help='JSON overrides of data.Mixture, e.g. \'{"kv": 0.5}\'')
     p.add_argument("--attn-layers", type=lambda v: [int(x) for x in v.split(",") if x], default=None,
                    help="bamba only: comma-separated attention layer indices (default: the last layer)")
+    p.add_argument("--grow-to", type=int, default=None, metavar="N",
+                   help="llama with --init only: append identity-initialised layers up to N layers")
     p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
     a = p.parse_args(argv)
     kw = {k: v for k, v in vars(a).items() if k != "mixture"}
