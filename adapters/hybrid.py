@@ -246,7 +246,12 @@ class HybridBlock(nn.Module):
             out = self.ssm(normed)
         else:
             out = self.hook_attn_out(self.attn(normed))
-        resid = self.hook_resid_mid(resid + self.hook_mixer_out(out))
+        return self.after_mixer(resid, out)
+
+    def after_mixer(self, resid: Float[Tensor, "batch pos d_model"],
+                    mixer_out: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The rest of the block once the mixer has run: residual add, MLP, residual add."""
+        resid = self.hook_resid_mid(resid + self.hook_mixer_out(mixer_out))
         return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 

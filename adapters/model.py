@@ -66,8 +66,13 @@ class SSMBlock(nn.Module):
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
         normed = self.ln1(resid.to(self.ln1.weight.dtype))
+        return self.after_mixer(resid, self.ssm(normed))
+
+    def after_mixer(self, resid: Float[Tensor, "batch pos d_model"],
+                    mixer_out: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The rest of the block once the mixer has run: the residual add."""
         skip = resid.float() if self.cfg.residual_in_fp32 else resid
-        return self.hook_resid_post(skip + self.hook_mixer_out(self.ssm(normed)))
+        return self.hook_resid_post(skip + self.hook_mixer_out(mixer_out))
 
 
 class HookedSSM(ProtocolMixin, HookedRootModule):
@@ -212,6 +217,24 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         """Like TransformerLens: ``(output, ActivationCache)``; all ``forward`` keywords pass through."""
         out, cache = super().run_with_cache(*args, **kwargs)
         return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    # ---- resume inside a layer (exact scan fast path) ---------------------------
+    def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
+        L = self.check_layer(layer).index
+        blk = self.blocks[L]
+        after = getattr(type(blk), "after_mixer", None)
+        mixer = blk.ssm if hasattr(blk, "ssm") else getattr(blk, "attn", None)
+        proj = getattr(mixer, "out_proj", getattr(mixer, "o_proj", None))
+        if after is None or proj is None:
+            return None
+        return f"blocks.{L}.hook_mixer_out", proj.weight
+
+    def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor:
+        L = self.check_layer(layer).index
+        if self.mixer_resume(L) is None:
+            raise InputError(f"layer {L} of {type(self).__name__} cannot be resumed after its mixer")
+        resid = self.blocks[L].after_mixer(self.check_resid_input(resid_pre, L), mixer_out)
+        return self._forward(resid, L + 1, None)
 
     # ---- implied attention ---------------------------------------------------
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:

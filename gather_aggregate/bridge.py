@@ -160,6 +160,30 @@ class BridgeModel(ProtocolMixin):
             for layer in layers:
                 layer.__dict__.pop("forward", None)
 
+    def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
+        """Sequential pre-norm blocks (``r += attn(ln1(r)); r += mlp(ln2(r))``) only; parallel attention+MLP
+        blocks (GPT-J, NeoX, Phi) return ``None``.  The exact scan also checks the resumed clean run against
+        the clean logits before it relies on this (architectures with extra norms around the attention)."""
+        info = self.check_layer(layer)
+        block = self.module.blocks[info.index]
+        if getattr(self.cfg, "parallel_attn_mlp", False) or not all(hasattr(block, n) for n in ("ln2", "mlp")):
+            return None
+        w_o = block.attn.W_O  # [head, d_head, d_model]
+        return f"blocks.{info.index}.hook_attn_out", w_o.reshape(-1, w_o.shape[-1]).T
+
+    def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor:
+        if self.mixer_resume(layer) is None:
+            raise InputError(f"layer {layer} of this {self.cfg.model_name!r} bridge cannot be resumed after its "
+                             "attention (parallel attention and MLP)")
+        L = self.check_layer(layer).index
+        self._check_resume(resid_pre, L)
+        block = self.module.blocks[L]
+        resid = resid_pre + mixer_out
+        resid = resid + block.mlp(block.ln2(resid))
+        if L + 1 < self.n_layers:
+            return self.forward(resid, start_at_layer=L + 1)
+        return self.module.unembed(self.module.ln_final(resid))
+
     def _check_resume(self, resid: Any, start_at_layer: int) -> None:
         if not 0 <= start_at_layer < self.n_layers:
             raise InputError(f"start_at_layer must be in [0, {self.n_layers - 1}], got {start_at_layer}")

@@ -242,6 +242,22 @@ class ProtocolMixin:
         if isinstance(resid, torch.Tensor) and resid.is_floating_point() and not torch.isfinite(resid).all():
             raise NonFiniteError("the input contains NaN or inf values")
 
+    # ---- optional: resume inside a layer (the exact scan's fast path) --------
+    def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
+        """``(hook of the layer's mixer output, out-projection weight [d_model, n_heads * d_head])`` when
+        :meth:`resume_after_mixer` can continue from inside ``layer``; ``None`` (the default) when it cannot.
+
+        A head's output reaches the residual stream only through that linear
+        projection, so replacing head ``h``'s output ``z_h`` by ``z'_h`` changes
+        the mixer output by exactly ``(z'_h - z_h) @ W[:, h]ᵀ``: a scan can
+        edit the cached mixer output instead of re-running the mixer.
+        """
+        return None
+
+    def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor:
+        """Logits from the residual entering ``layer`` and that layer's mixer output (the mixer is not run)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot resume inside a layer; check mixer_resume() first")
+
     # ---- hooks ------------------------------------------------------------
     @contextlib.contextmanager
     def hooks_applied(self, fwd_hooks: Sequence[tuple[Any, Any]] = ()) -> Iterator[Any]:

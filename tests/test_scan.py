@@ -47,6 +47,33 @@ def test_exact_scan_equals_naive_loop(setup, method, kw):
     assert len({r["score"] for r in exact.rows}) > 1  # the metric actually moved
 
 
+def test_exact_scan_does_not_rerun_the_ablated_layer_and_checks_the_shortcut(setup, monkeypatch):
+    """The fast path edits the cached attention output instead of re-running the ablated layer's attention; a
+    model whose out-projection does not reproduce that output falls back to the slow path, with equal scores."""
+    model, tokens, _, metric = setup
+    last = model.n_layers - 1
+    heads = model.all_heads()
+    calls = []
+    handle = model.module.blocks[last].attn.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        exact_scan(model, tokens, metric, heads=[hd for hd in heads if hd[0] == last], progress=False)
+        assert len(calls) == 1  # the clean run only: no ablation re-ran the last layer's attention
+        fast = exact_scan(model, tokens, metric, progress=False)
+        name, w_out = model.mixer_resume(last)
+        monkeypatch.setattr(model, "mixer_resume", lambda layer: (model.head_hook(layer)[0].replace(
+            "attn.hook_z", "hook_attn_out"), 2 * w_out))
+        calls.clear()
+        exact_scan(model, tokens, metric, heads=[hd for hd in heads if hd[0] == last], progress=False)
+        assert len(calls) == 2  # the clean run, then the four ablations stacked in one forward from the layer
+        slow = exact_scan(model, tokens, metric, progress=False)
+    finally:
+        handle.remove()
+    naive = naive_scan(model, tokens, metric)
+    for hd in heads:
+        assert fast.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
+        assert slow.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
+
+
 def test_atp_agrees_with_exact_on_a_random_model(setup):
     model, tokens, _, metric = setup
     exact = exact_scan(model, tokens, metric, progress=False)
