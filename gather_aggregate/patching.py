@@ -7,9 +7,9 @@ answer).  The table reports the raw metric and the normalised effect
 ``(patched - corrupted) / (clean - corrupted)``: 1 = the head alone restores the
 clean behaviour, 0 = no effect.
 
-Like :func:`gather_aggregate.scan.exact_scan`, the corrupted residual entering
-each layer is cached once and many patches of that layer run in one stacked
-forward from there (``start_at_layer``).
+Like :func:`gather_aggregate.scan.exact_scan`, one corrupted forward caches
+what each patched layer needs and many patches of that layer run in one stacked
+forward from there (:mod:`gather_aggregate.layer_resume`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from gather_aggregate import layer_resume
 from gather_aggregate.errors import InputError
-from gather_aggregate.interventions import Edit, edit_hook, group_by_layer, head_outputs
+from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
 from gather_aggregate.protocol import Head
 from gather_aggregate.scan import Metric, ScanResult, _check_metric, _progress
 
@@ -52,10 +53,12 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
     batch = clean.shape[0]
     layers = sorted({la for la, _ in heads})
     clean_z = head_outputs(model, clean, layers)
+    how = layer_resume.plan(model, layers)
     with torch.no_grad():
         m_clean = _check_metric(metric(model(clean)), "clean run")
-        m_corr = _check_metric(metric(model(corrupted)), "corrupted run")
-        _, cache = model.run_with_cache(corrupted, names_filter=[model.resid_hook(la) for la in layers])
+        corr_logits, cache = model.run_with_cache(corrupted, names_filter=layer_resume.cache_names(model, how))
+        m_corr = _check_metric(metric(corr_logits), "corrupted run")
+        how = layer_resume.verify(model, cache, how, corr_logits)
         denom = m_clean - m_corr
         per_fwd = max(1, max_rows // batch)
         edits_all = [Edit(la, h, p) for la, hs in group_by_layer(heads).items() for h in hs for p in pos_list]
@@ -63,8 +66,7 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
         rows = []
         for layer in layers:
             edits = [e for e in edits_all if e.layer == layer]
-            name, axis = model.head_hook(layer)
-            resid = cache[model.resid_hook(layer)]
+            axis = model.head_hook(layer)[1]
 
             def fill(e: Edit, cur: Any, layer: int = layer, axis: int = axis) -> Any:
                 src = clean_z[layer].select(axis, e.head)  # [batch, pos, d_head]
@@ -72,9 +74,7 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
 
             for start in range(0, len(edits), per_fwd):
                 chunk = edits[start:start + per_fwd]
-                stacked = resid.repeat(len(chunk), *([1] * (resid.dim() - 1)))
-                with model.hooks(fwd_hooks=[(name, edit_hook(axis, batch, chunk, fill))]):
-                    logits = model(stacked, start_at_layer=layer)
+                logits = layer_resume.edited_logits(model, cache, how, layer, chunk, fill)
                 for i, e in enumerate(chunk):
                     where = f"head L{e.layer}H{e.head}" + ("" if e.position is None else f" pos {e.position}")
                     m = _check_metric(metric(logits[i * batch:(i + 1) * batch]), where)

@@ -10,13 +10,9 @@ Three implementations, one answer:
   ``patching`` style).  The oracle.
 * :func:`exact_scan`  the same numbers, faster: one clean forward caches what
   each scanned layer needs, and the ablations of many heads of that layer run
-  in one forward from there, the batch stacked once per head.  Where the model
-  can resume inside a layer (``mixer_resume``: our SSMs and hybrids, sequential
-  transformer blocks), the layer's mixer is not re-run at all: a head reaches
-  the residual only through its columns of the output projection, so its
-  ablation is an exact linear edit of the cached mixer output.  Otherwise the
-  forward resumes from the layer's input (``start_at_layer``) with a per-copy
-  head mask.  Equal to the naive loop up to float rounding (tested).
+  in one stacked forward from there, without re-running the ablated layer's
+  mixer where the model allows it (:mod:`gather_aggregate.layer_resume`).  Equal to
+  the naive loop up to float rounding (tested).
 * :func:`atp_scan`  attribution patching: one forward and one backward give the
   first-order estimate ``-(z_ablated - z) · ∂metric/∂z`` for every head at once.
 
@@ -38,15 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gather_aggregate import layer_resume
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
-from gather_aggregate.interventions import (
-    Edit,
-    Method,
-    ablation_hooks,
-    edit_hook,
-    group_by_layer,
-    make_replacement,
-)
+from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
 from gather_aggregate.io import write_table
 from gather_aggregate.protocol import Head, device_of
 
@@ -196,31 +186,20 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
 
     per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
     by_layer = group_by_layer(todo)
-    inside = {layer: model.mixer_resume(layer) for layer in by_layer}  # None: resume from the layer's input
-    names = [model.resid_hook(li) for li in by_layer]
-    names += [n for li, spec in inside.items() if spec is not None for n in (spec[0], model.head_hook(li)[0])]
+    how = layer_resume.plan(model, by_layer)
     with torch.no_grad():
-        # one clean forward gives the metric, every layer's residual input and (fast path) mixer and head outputs
-        clean_logits, cache = model.run_with_cache(tokens, names_filter=names)
+        # one clean forward gives the metric and everything each scanned layer resumes from
+        clean_logits, cache = model.run_with_cache(tokens, names_filter=layer_resume.cache_names(model, how))
         clean = _check_metric(metric(clean_logits), "clean run")
         meta["metric_clean"] = clean
-        inside = _verified_resumes(model, cache, inside, clean_logits)
+        how = layer_resume.verify(model, cache, how, clean_logits)
         bar = _progress(len(heads), "exact scan", progress)
         bar.update(len(heads) - len(todo))
         for layer, hs in by_layer.items():
-            resid = cache[model.resid_hook(layer)]
-            name, axis = model.head_hook(layer)
             for start in range(0, len(hs), per_fwd):
                 chunk = [Edit(layer, h) for h in hs[start:start + per_fwd]]
-                stacked = resid.repeat(len(chunk), *([1] * (resid.dim() - 1)))
-                if inside[layer] is not None:
-                    mixer_name, w_out = inside[layer]
-                    mixer_out = _edited_mixer_out(cache[mixer_name], cache[name], axis, w_out, chunk, rep)
-                    logits = model.resume_after_mixer(stacked, mixer_out, layer)
-                else:
-                    hook = edit_hook(axis, batch, chunk, lambda e, cur: rep.values(e.layer, e.head, cur))
-                    with model.hooks(fwd_hooks=[(name, hook)]):
-                        logits = model(stacked, start_at_layer=layer)
+                logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
+                                              lambda e, cur: rep.values(e.layer, e.head, cur))
                 for i, e in enumerate(chunk):
                     m = _check_metric(metric(logits[i * batch:(i + 1) * batch]), f"head L{e.layer}H{e.head}")
                     rows.append(_row(model, e.layer, e.head, clean, m))
@@ -233,41 +212,6 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
     if out is not None:
         result.save(out)
     return result
-
-
-def _verified_resumes(model: Any, cache: Any, inside: dict[int, Any], clean_logits: Tensor) -> dict[int, Any]:
-    """Keep a layer's inside-the-layer resume only if, on two prompts, resuming the clean run there gives the
-    clean logits and the head outputs times the out-projection give the mixer output up to a constant (the
-    bias); otherwise that layer falls back to resuming from its input."""
-    out = {}
-    for layer, spec in inside.items():
-        ok = False
-        if spec is not None:
-            name, w_out = spec[0], spec[1].detach()
-            mixer_out, z = cache[name][:2].float(), cache[model.head_hook(layer)[0]][:2].float()
-            offset = mixer_out - z.flatten(-2) @ w_out.float().T  # the bias, the same at every position
-            resumed = model.resume_after_mixer(cache[model.resid_hook(layer)][:2], cache[name][:2], layer)
-            tol = 1e-4 * (1 + float(mixer_out.abs().max()))
-            ok = (bool((offset - offset[:1, :1]).abs().max() <= tol)
-                  and bool(torch.allclose(resumed.float(), clean_logits[:2].float(), rtol=1e-4, atol=1e-4)))
-        out[layer] = (spec[0], spec[1].detach()) if ok else None
-    return out
-
-
-def _edited_mixer_out(mixer_out: Tensor, z: Tensor, axis: int, w_out: Tensor, chunk: Sequence[Edit],
-                      rep: Any) -> Tensor:
-    """The layer's clean mixer output, once per edit, with edit ``i``'s head replaced: head ``h`` reaches the
-    residual only through the columns ``W[:, h]`` of the output projection, so replacing its output ``z_h`` by
-    ``z'_h`` adds exactly ``(z'_h - z_h) @ W[:, h]ᵀ`` (up to float rounding)."""
-    d_head = z.shape[-1]
-    batch = mixer_out.shape[0]
-    out = mixer_out.repeat(len(chunk), *([1] * (mixer_out.dim() - 1)))
-    for i, e in enumerate(chunk):
-        cur = z.select(axis, e.head)
-        delta = (rep.values(e.layer, e.head, cur) - cur).to(w_out.dtype)
-        cols = w_out[:, e.head * d_head:(e.head + 1) * d_head]
-        out[i * batch:(i + 1) * batch] += (delta @ cols.T).to(out.dtype)
-    return out
 
 
 def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:

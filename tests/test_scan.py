@@ -118,6 +118,16 @@ def test_patching_full_head_equals_a_direct_hook(setup):
     by_pos = {r["position"]: r["metric_patched"] for r in per_pos.rows}
     assert by_pos[2] == pytest.approx(per_pos.meta["metric_corrupted"], abs=1e-5)
 
+    def put_clean_at(z, hook, p=19):
+        z = z.clone()
+        z[:, p, 2] = cache[name][:, p, 2]
+        return z
+
+    with torch.no_grad():
+        direct_at = float(metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, put_clean_at)])))
+    assert by_pos[19] == pytest.approx(direct_at, abs=1e-5)
+    assert by_pos[19] != pytest.approx(per_pos.meta["metric_corrupted"], abs=1e-4)  # the patch did something
+
 
 def test_interrupted_scan_resumes(setup, tmp_path):
     model, tokens, _, metric = setup

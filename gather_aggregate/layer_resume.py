@@ -1,0 +1,99 @@
+"""Run many edits of one layer from a cached forward: the engine of the exact scan and of patching.
+
+An *edit* replaces one head's output (at every position, or at one) in one
+copy of the batch; ``len(edits)`` copies are stacked and run in one forward
+that starts from cached activations instead of the tokens.
+
+Two ways to resume, chosen per layer by :func:`plan`:
+
+* **inside the layer** (``model.mixer_resume(layer)``: our SSMs and hybrids,
+  sequential pre-norm transformer blocks).  A head reaches the residual stream
+  only through its columns ``W[:, h]`` of the layer's output projection, so
+  replacing its output ``z_h`` by ``z'_h`` adds exactly
+
+      Δ = (z'_h − z_h) @ W[:, h]ᵀ
+
+  to the layer's mixer output.  The cached mixer output is edited and the
+  forward continues after the mixer: the edited layer's mixer is not re-run.
+* **from the layer's input** (``start_at_layer``) with a hook that writes the
+  edits into each copy's head outputs; the fallback for every other layer.
+
+Both give the naive one-forward-per-edit numbers up to float rounding (tested
+in ``tests/test_scan.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gather_aggregate.interventions import Edit, edit_hook
+
+#: per layer: (hook of its mixer output, out-projection weight [d_model, n_heads * d_head]) or None
+Plan = dict[int, "tuple[str, Tensor] | None"]
+Fill = Callable[[Edit, Tensor], Tensor]
+
+
+def plan(model: Any, layers: Iterable[int]) -> Plan:
+    """The inside-the-layer resume of every layer that offers one (``None`` for the others)."""
+    return {layer: model.mixer_resume(layer) for layer in layers}
+
+
+def cache_names(model: Any, plan_: Plan) -> list[str]:
+    """Hooks a reference forward must cache for :func:`edited_logits`: every layer's residual input and, where
+    resuming inside the layer, its mixer output and head outputs."""
+    names = [model.resid_hook(layer) for layer in plan_]
+    names += [n for layer, spec in plan_.items() if spec is not None for n in (spec[0], model.head_hook(layer)[0])]
+    return names
+
+
+def verify(model: Any, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
+    """Keep a layer's inside-the-layer resume only if, on two prompts of the cached run, resuming there gives
+    that run's ``logits`` and the head outputs times the out-projection give the mixer output up to a constant
+    (the bias).  A layer that fails (say, an architecture with a norm after its attention) falls back to
+    resuming from its input."""
+    out: Plan = {}
+    for layer, spec in plan_.items():
+        ok = False
+        if spec is not None:
+            name, w_out = spec[0], spec[1].detach()
+            mixer_out, z = cache[name][:2].float(), cache[model.head_hook(layer)[0]][:2].float()
+            offset = mixer_out - z.flatten(-2) @ w_out.float().T  # the bias, the same at every position
+            resumed = model.resume_after_mixer(cache[model.resid_hook(layer)][:2], cache[name][:2], layer)
+            tol = 1e-4 * (1 + float(mixer_out.abs().max()))
+            ok = (bool((offset - offset[:1, :1]).abs().max() <= tol)
+                  and bool(torch.allclose(resumed.float(), logits[:2].float(), rtol=1e-4, atol=1e-4)))
+        out[layer] = (spec[0], spec[1].detach()) if ok else None
+    return out
+
+
+def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequence[Edit], fill: Fill) -> Tensor:
+    """Logits of ``len(edits)`` stacked copies of the cached batch, copy ``i`` with ``edits[i]`` applied in
+    ``layer``; ``fill(edit, current)`` gives the replacement for the current head slice (``[batch, pos, d_head]``,
+    or ``[batch, d_head]`` for an edit at one position)."""
+    resid = cache[model.resid_hook(layer)]
+    name, axis = model.head_hook(layer)
+    batch = resid.shape[0]
+    stacked = resid.repeat(len(edits), *([1] * (resid.dim() - 1)))
+    spec = plan_.get(layer)
+    if spec is None:
+        with model.hooks(fwd_hooks=[(name, edit_hook(axis, batch, edits, fill))]):
+            return model(stacked, start_at_layer=layer)
+    mixer_name, w_out = spec
+    z = cache[name]
+    d_head = z.shape[-1]
+    mixer_out = cache[mixer_name]
+    out = mixer_out.repeat(len(edits), *([1] * (mixer_out.dim() - 1)))
+    for i, e in enumerate(edits):
+        cols = w_out[:, e.head * d_head:(e.head + 1) * d_head]
+        cur = z.select(axis, e.head)  # [batch, pos, d_head]
+        rows = out[i * batch:(i + 1) * batch]
+        if e.position is None:
+            rows += ((fill(e, cur) - cur).to(w_out.dtype) @ cols.T).to(out.dtype)
+        else:
+            at = cur[:, e.position]
+            rows[:, e.position] += ((fill(e, at) - at).to(w_out.dtype) @ cols.T).to(out.dtype)
+    return model.resume_after_mixer(stacked, out, layer)
