@@ -22,6 +22,9 @@ what made in-context retrieval learnable on CPU in the trials:
   replacement, loss on every value); the text format of the ``mqar`` task
   (:mod:`gather_aggregate.tasks.mqar`).  A 2-layer transformer forms an induction
   circuit on it within a few hundred steps, which it never did on KV directly.
+* **Reverse MQAR** (auxiliary, weight 0 unless asked for) the MQAR documents
+  queried with a value and answered with the key before it: the backward
+  read-out letter-MC needs (its letter comes *before* the option's content).
 * **Letter lookup** (auxiliary, weight 0 unless asked for) letter-MC whose questions
   name the colour itself, ``Question: What is the color of red?`` + options +
   ``Answer: L``: the in-context half of letter-MC without the fact lookup.
@@ -50,6 +53,7 @@ class Mixture:
     knowledge: float = 0.15
     mqar: float = 0.0
     letter_lookup: float = 0.0
+    reverse_mqar: float = 0.0
     kv_min_pairs: int = 2
     kv_max_pairs: int = 16
     kv_queries: tuple[int, int] = (6, 16)
@@ -88,17 +92,20 @@ def knowledge_prompt(relation: str, entity: str) -> str:
 
 
 def _recall_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int,
-                render: Callable[[Sequence[tuple[str, str]], str], str], query: Callable[[str], str]) -> Doc:
+                render: Callable[[Sequence[tuple[str, str]], str], str], query: Callable[[str], str],
+                reverse: bool = False) -> Doc:
     """A random dictionary rendered with its first query (the evaluation prompt), then ``n_queries - 1`` more
-    queries ``query(key)``, keys drawn with replacement (no elimination shortcut); every value is a target."""
+    queries ``query(key)``, keys drawn with replacement (no elimination shortcut); every value is a target.
+    ``reverse`` queries with a value and answers with its key (the token *before* the match)."""
     keys = rng.sample(world.kv_keys, n_pairs)
     vals = rng.sample(world.kv_values, n_pairs)
     pairs = list(zip(keys, vals))
-    table = dict(pairs)
-    q = rng.choice(keys)
+    table = {v: k for k, v in pairs} if reverse else dict(pairs)
+    asked = vals if reverse else keys
+    q = rng.choice(asked)
     doc: Doc = [(render(pairs, q), False), (f" {table[q]}", True)]
     for _ in range(n_queries - 1):
-        q = rng.choice(keys)
+        q = rng.choice(asked)
         doc += [(query(q), False), (f" {table[q]}", True)]
     return doc
 
@@ -165,19 +172,20 @@ def knowledge_doc(world: World, rng: random.Random, n: int) -> Doc:
     return doc
 
 
-def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int) -> Doc:
-    return _recall_doc(world, rng, n_pairs, n_queries, mqar_prompt, lambda q: f" {q}")
+def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int, reverse: bool = False) -> Doc:
+    return _recall_doc(world, rng, n_pairs, n_queries, mqar_prompt, lambda q: f" {q}", reverse)
 
 
 def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int | None = None) -> tuple[str, Doc]:
-    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar", "letter_lookup"]
-    weights = [mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar, mix.letter_lookup]
+    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar", "letter_lookup", "reverse_mqar"]
+    weights = [mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar, mix.letter_lookup, mix.reverse_mqar]
     kind = rng.choices(kinds, weights=weights)[0]
     if kind == "kv":
         hi = max(mix.kv_min_pairs, kv_max_pairs or mix.kv_max_pairs)
         return kind, kv_doc(world, rng, rng.randint(mix.kv_min_pairs, hi), rng.randint(*mix.kv_queries))
-    if kind == "mqar":
-        return kind, mqar_doc(world, rng, rng.randint(*mix.mqar_pairs), rng.randint(*mix.mqar_queries))
+    if kind in ("mqar", "reverse_mqar"):
+        return kind, mqar_doc(world, rng, rng.randint(*mix.mqar_pairs), rng.randint(*mix.mqar_queries),
+                              reverse=kind == "reverse_mqar")
     if kind == "knowledge":
         return kind, knowledge_doc(world, rng, rng.randint(*mix.knowledge_per_doc))
     if kind == "letter_lookup":
@@ -234,14 +242,19 @@ class EvalItem:
 
 
 def _recall_items(world: World, rng: random.Random, n_pairs: int, n: int,
-                  render: Callable[[Sequence[tuple[str, str]], str], str]) -> list[EvalItem]:
-    """``n`` dictionaries of ``n_pairs`` random key-value pairs, each rendered with one of its keys as the query."""
+                  render: Callable[[Sequence[tuple[str, str]], str], str], reverse: bool = False) -> list[EvalItem]:
+    """``n`` dictionaries of ``n_pairs`` random key-value pairs, each rendered with one of its keys as the query
+    (``reverse``: one of its values, answered with the key)."""
     out = []
     for _ in range(n):
         keys = rng.sample(world.kv_keys, n_pairs)
         vals = rng.sample(world.kv_values, n_pairs)
         i = rng.randrange(n_pairs)
-        out.append(EvalItem(render(list(zip(keys, vals)), keys[i]), vals[i], list(world.kv_values)))
+        pairs = list(zip(keys, vals))
+        if reverse:
+            out.append(EvalItem(render(pairs, vals[i]), keys[i], keys))
+        else:
+            out.append(EvalItem(render(pairs, keys[i]), vals[i], list(world.kv_values)))
     return out
 
 
@@ -252,6 +265,11 @@ def kv_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> lis
 def mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
     """The auxiliary MQAR task's first query: ``k v k v ... k`` -> ``v``."""
     return _recall_items(world, rng, n_pairs, n, mqar_prompt)
+
+
+def reverse_mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
+    """Reverse MQAR's first query: ``k v k v ... v`` -> the ``k`` before that ``v`` (among the prompt's keys)."""
+    return _recall_items(world, rng, n_pairs, n, mqar_prompt, reverse=True)
 
 
 def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_options: int = 4,
