@@ -97,6 +97,19 @@ def test_mqar_doc_pairs_are_adjacent_and_every_query_is_supervised():
     assert not Mixture().mqar and all(sample_doc(WORLD, rng, Mixture())[0] != "mqar" for _ in range(200))
 
 
+def test_reverse_mqar_doc_asks_values_and_answers_the_key_before_them():
+    rng = random.Random(6)
+    doc = mqar_doc(WORLD, rng, n_pairs=5, n_queries=9, reverse=True)
+    words = doc[0][0].split()
+    key_of = dict(zip(words[1:-1:2], words[0:-1:2]))  # value -> the key before it
+    assert len(key_of) == 5 and set(key_of) <= set(WORLD.kv_values)
+    queries = [(words[-1], False), *doc[1:]]
+    assert len(queries) == 18
+    for (q, is_t), (a, is_a) in zip(queries[0::2], queries[1::2]):
+        assert not is_t and is_a and a == f" {key_of[q.strip()]}"
+    assert not Mixture().reverse_mqar
+
+
 def test_letter_mc_docs_remove_the_positional_shortcuts():
     rng = random.Random(3)
     mix = Mixture()
