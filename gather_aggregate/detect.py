@@ -18,6 +18,12 @@ are; SSM-implied attention normalised, see :mod:`gather_aggregate.metrics`):
   the science (the trial models in ``docs/results.md`` show such heads).
 * **aggregate_hit**: how often the correct segment's summary gets strictly more
   mass than every other summary;  **aggregate_mass**: the mass on it.
+* **gather_segment** (``gather_any=True``; needs every row of the pattern): the
+  Gather score read from the segment's best token instead of its last one: for
+  each segment, the largest mass any of its tokens ``t`` puts on the segment's
+  own tokens ``[start, t - 1)``.  A head that condenses a line ``k:v\n`` into the
+  value token ``v`` (the ``llama-kv`` transformer's KV Gather head) scores here
+  but not on ``gather``.
 
 No position is hard-coded: everything comes from ``Example.segments``,
 ``Example.correct`` and ``Example.query_pos``.  :func:`find_ga_heads` then
@@ -43,8 +49,12 @@ def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
 
 
 def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
-                   batch_size: int = 16, **pattern_kwargs: Any) -> list[dict[str, Any]]:
-    """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head."""
+                   batch_size: int = 16, gather_any: bool = False, **pattern_kwargs: Any) -> list[dict[str, Any]]:
+    """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head.
+
+    ``gather_any=True`` adds ``gather_segment`` (see the module docstring); it computes every row of each
+    pattern, so it costs ``batch x heads x pos²`` memory per layer.
+    """
     from gather_aggregate.tasks.base import collate, pad_id_of
 
     examples = list(examples)
@@ -55,7 +65,7 @@ def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | 
                          "(KV-retrieval, multiple choice), not a plain knowledge query")
     layers = [model.check_layer(la).index for la in (layers if layers is not None else range(model.n_layers))]
     sums: dict[tuple[int, str], Tensor] = {}
-    counts: dict[str, float] = {"gather": 0.0, "aggregate": 0.0}
+    counts: dict[str, float] = {"gather": 0.0, "aggregate": 0.0, "gather_segment": 0.0}
     for chunk in _batches(examples, batch_size):
         batch = collate(chunk, pad_id_of(model.tokenizer), device=model.device)
         b, n_seg = batch.seg_summary.shape
@@ -71,6 +81,7 @@ def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | 
         other = batch.seg_mask & (torch.arange(n_seg, device=rows.device)[None] != batch.correct[:, None])
         counts["gather"] += float(gather_valid.sum())
         counts["aggregate"] += float(has_correct.sum())
+        counts["gather_segment"] += float(gather_valid.sum())
         for layer in layers:
             with torch.no_grad():
                 p = model.pattern(batch.tokens, layer, rows=rows, normalize=True, **pattern_kwargs).float()
@@ -88,21 +99,47 @@ def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | 
             best_other = on_summary.masked_fill(~other[:, None], -1.0).max(-1).values
             hit = ((on_correct > best_other) & has_correct[:, None]).float().sum(0)
             correct_mass = (on_correct * has_correct[:, None]).sum(0)
-            for name, val in (("gather", g), ("gather_incl_prev", g_all), ("aggregate", agg),
-                              ("aggregate_segment", agg_seg), ("aggregate_hit", hit),
-                              ("aggregate_mass", correct_mass)):
+            scores = [("gather", g), ("gather_incl_prev", g_all), ("aggregate", agg),
+                      ("aggregate_segment", agg_seg), ("aggregate_hit", hit), ("aggregate_mass", correct_mass)]
+            if gather_any:
+                with torch.no_grad():
+                    full = model.pattern(batch.tokens, layer, normalize=True, **pattern_kwargs).float()
+                scores.append(("gather_segment", _best_token_gather(full, batch.seg_start, batch.seg_end,
+                                                                     gather_valid)))
+            for name, val in scores:
                 sums[(layer, name)] = sums.get((layer, name), 0) + val
     rows_out = []
     for layer in layers:
         info = model.layers[layer]
         for h in range(info.n_heads):
             row: dict[str, Any] = {"layer": layer, "head": h, "kind": info.kind}
-            for name in ("gather", "gather_incl_prev", "aggregate", "aggregate_segment", "aggregate_hit",
-                         "aggregate_mass"):
+            names = ["gather", "gather_incl_prev", "aggregate", "aggregate_segment", "aggregate_hit",
+                     "aggregate_mass"] + (["gather_segment"] if gather_any else [])
+            for name in names:
                 denom = counts["gather" if name.startswith("gather") else "aggregate"]
                 row[name] = float(sums[(layer, name)][h]) / denom if denom else float("nan")
             rows_out.append(row)
     return rows_out
+
+
+def _best_token_gather(p: Tensor, start: Tensor, end: Tensor, valid: Tensor) -> Tensor:
+    """Per head: Σ over valid segments of max_t (mass from token t onto the segment's tokens [start, t - 1)).
+
+    ``p`` is the full pattern ``[batch, head, query, key]``; ``t`` runs over ``[start + 2, end)``.
+    """
+    total = torch.zeros(p.shape[1], device=p.device)
+    csum = p.cumsum(-1)  # csum[..., q, k] = mass of row q on keys 0..k
+    for b, s in valid.nonzero().tolist():
+        lo, hi = int(start[b, s]), int(end[b, s])
+        t = torch.arange(lo + 2, hi, device=p.device)
+        if len(t) == 0:
+            continue
+        rows = csum[b, :, t]  # [head, n_t, key]
+        mass = rows.gather(2, (t - 2)[None, :, None].expand(rows.shape[0], -1, 1))[..., 0]
+        if lo > 0:
+            mass = mass - rows[:, :, lo - 1]
+        total += mass.max(-1).values
+    return total
 
 
 def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor) -> Tensor:
@@ -131,7 +168,8 @@ class GAHeads:
         return out
 
 
-def _zscores(values: list[float]) -> list[float]:
+def zscores(values: list[float]) -> list[float]:
+    """Standard scores of ``values`` (NaN counts as 0; all 0 when they do not vary)."""
     t = torch.tensor(values, dtype=torch.float64)
     t = torch.nan_to_num(t, nan=0.0)
     sd = float(t.std()) if len(values) > 1 else 0.0
@@ -152,10 +190,10 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     table = scores if scores is not None else pattern_scores(model, examples, batch_size=batch_size)
     drops = scan.scores() if scan is not None else None
     for name in ("gather", "aggregate"):
-        for row, zz in zip(table, _zscores([r[name] for r in table])):
+        for row, zz in zip(table, zscores([r[name] for r in table])):
             row[f"z_{name}"] = zz
     if drops is not None:
-        for row, zz in zip(table, _zscores([drops.get((r["layer"], r["head"]), 0.0) for r in table])):
+        for row, zz in zip(table, zscores([drops.get((r["layer"], r["head"]), 0.0) for r in table])):
             row["ablation_drop"] = drops.get((row["layer"], row["head"]), float("nan"))
             row["z_ablation"] = zz
 

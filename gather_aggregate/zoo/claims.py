@@ -51,13 +51,14 @@ def chance(sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
 
 def scan_and_detect(model: Any, examples: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
     """Exact ablation scan of every head on a retrieval task (answer log-prob) and the G&A detector over it."""
-    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.detect import find_ga_heads, pattern_scores
     from gather_aggregate.scan import exact_scan
     from gather_aggregate.workflows import task_metric
 
     tokens, metric = task_metric(model, list(examples))
     scan = exact_scan(model, tokens, metric, progress=False)
-    return scan, find_ga_heads(model, examples, scan, z=z)
+    table = pattern_scores(model, examples, gather_any=True)
+    return scan, find_ga_heads(model, examples, scan, z=z, scores=table)
 
 
 def ablated_accuracies(model: Any, heads: Sequence[Head], sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
@@ -75,22 +76,30 @@ def candidate_sets(ga: Any, z: float = 1.5, max_k: int = 2) -> list[tuple[str, l
     * ``aggregate scores`` / ``gather scores``: the heads with the highest Aggregate / Gather pattern z-scores
       (>= ``z``), which is how the paper names its G&A heads; redundant Aggregate heads can each have a small
       single-head ablation effect and only matter together;
-    * ``gather + aggregate``: the top Gather head with the top Aggregate head.
+    * ``gather + aggregate``: the top Gather head with the top Aggregate head;
+    * the same with the scores read off a segment's best token instead of its last (``gather_segment``,
+      ``aggregate_segment``; see :mod:`gather_aggregate.detect`), when the table has them: the transformer
+      ``llama-kv`` condenses each ``k:v\n`` line into the value token and reads it there.
     """
+    from gather_aggregate.detect import zscores
+
     table = ga.table
-    ranked = {role: [(r["layer"], r["head"]) for r in sorted(table, key=lambda r: -r[f"z_{role}"])
-                     if r[f"z_{role}"] >= z] for role in ("aggregate", "gather")}
+    roles = [r for r in ("aggregate", "gather", "aggregate_segment", "gather_segment") if r in table[0]]
+    zs = {role: zscores([r[role] for r in table]) for role in roles}
+    ranked = {role: [(r["layer"], r["head"]) for zz, r in sorted(zip(zs[role], table), key=lambda t: -t[0])
+                     if zz >= z] for role in roles}
     flagged = ga.ga_heads()
     out: list[tuple[str, list[Head]]] = []
     for k in range(1, max_k + 1):
         if k <= len(flagged):
             out.append((f"detector top-{k}", flagged[:k]))
-    for role in ("aggregate", "gather"):
+    for role in roles:
         for k in range(1, max_k + 1):
             if k <= len(ranked[role]):
-                out.append((f"{role} scores top-{k}", ranked[role][:k]))
-    if ranked["gather"] and ranked["aggregate"] and ranked["gather"][0] != ranked["aggregate"][0] and max_k >= 2:
-        out.append(("gather + aggregate", [ranked["gather"][0], ranked["aggregate"][0]]))
+                out.append((f"{role.replace('_', '-')} scores top-{k}", ranked[role][:k]))
+    for g, a in (("gather", "aggregate"), ("gather_segment", "aggregate_segment")):
+        if g in ranked and a in ranked and ranked[g] and ranked[a] and ranked[g][0] != ranked[a][0] and max_k >= 2:
+            out.append((f"{g.replace('_', '-')} + {a.replace('_', '-')}", [ranked[g][0], ranked[a][0]]))
     seen: set[tuple[Head, ...]] = set()
     unique = []
     for rule, heads in out:
