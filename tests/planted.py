@@ -7,6 +7,9 @@ model writes it back through ``W_O``, with TransformerLens hook points
 the gather-aggregate protocol.  Planted rules:
 
 * ``gather``     a newline attends uniformly to the other tokens of its line;
+* ``gather_value`` the token before a newline (a KV line's value) attends to its
+                 line's first token (the key): it condenses the line into the
+                 value token, not into the newline;
 * ``aggregate``  each position attends to the newline ending the line whose
                  first token equals the token two positions back (in the KV
                  prompt ``... key ' k ' is`` that is the queried key ``k``).
@@ -75,6 +78,11 @@ class PlantedModel(HookedRootModule, ProtocolMixin):
                 prev = max([s for s in nl if s < t], default=-1)
                 if t - prev > 1:
                     p[t, prev + 1:t] = 1.0
+            elif (rule == "gather_value" and t + 1 < L and int(toks[t + 1]) == self.newline
+                  and int(toks[t]) != self.newline):
+                start = max([s for s in nl if s < t], default=-1) + 1
+                if t - start >= 2:
+                    p[t, start] = 1.0
             elif rule == "aggregate" and t >= 2:
                 target = int(toks[t - 2])
                 for s in range(1, t - 2):

@@ -59,6 +59,21 @@ def test_planted_heads_rank_first(planted):
     assert ga.pairs == [((0, 1), (1, 3))]
 
 
+def test_gather_read_off_the_segments_best_token(planted):
+    """A head that condenses each line into its value token is invisible to the summary-row Gather score and
+    ranks first on ``gather_segment``; the summary-row Gather head keeps its score there."""
+    from planted import PlantedModel
+
+    model, examples = planted
+    table = pattern_scores(PlantedModel(model.tokenizer, [["prev", "gather", "gather_value", "uniform"]]), examples,
+                           gather_any=True)
+    by_head = {r["head"]: r for r in table}
+    assert by_head[2]["gather"] == 0.0 and by_head[2]["gather_segment"] == pytest.approx(1.0)
+    assert by_head[1]["gather_segment"] == pytest.approx(by_head[1]["gather"]) == pytest.approx(2 / 3)
+    assert max(table, key=lambda r: r["gather_segment"])["head"] == 2
+    assert "gather_segment" not in pattern_scores(model, examples)[0]  # only when asked for (full patterns)
+
+
 def test_detector_uses_the_scan_as_evidence(planted):
     from gather_aggregate.scan import ScanResult
 

@@ -75,15 +75,26 @@ def test_a_transformer_solves_kv_and_letter_mc(measured):
     assert r["clean"]["kv"] >= 0.9 and r["clean"]["letter-mc"] >= 0.9, r["clean"]
 
 
-def test_b_weaker_transformer_kv_rests_on_one_head(measured):
-    """The transformer's KV-retrieval has a single-head bottleneck: the exact scan's top head alone takes KV from
-    1.00 to chance level, where random heads cost nothing.  Weaker than claim b: the head is found by the scan, not
-    by the Gather/Aggregate scores, and knowledge and content-MC move ~10 points with it (not <= 5)."""
+def test_b_weaker_transformer_kv_rests_on_one_gather_head(measured):
+    """The transformer's KV-retrieval has a single-head bottleneck, and the Gather score read off each line's best
+    token names it: a layer-0 head (L0H2 in the shipped checkpoint) that condenses every ``k:v\\n`` line into its
+    value token is both the scan's top head and the G&A-named set that hurts KV most; alone it takes KV from 1.00
+    to chance level, where random heads cost nothing.  Weaker than claim b: it is KV, not letter-MC, and
+    knowledge and content-MC move ~10 points with it (not <= 5)."""
     r = measured["llama-kv"]
-    k1 = next(row for row in r["by_task"]["kv"]["cumulative"] if row["k"] == 1)
-    assert r["clean"]["kv"] - k1["kv"] >= 0.8 and k1["kv"] <= 2 * r["chance"]["kv"], k1
-    assert r["by_task"]["kv"]["random_baseline"]["kv"] >= r["clean"]["kv"] - 0.05, r["by_task"]["kv"]["random_baseline"]
-    assert r["clean"]["knowledge"] - k1["knowledge"] <= 0.25 and r["clean"]["content-mc"] - k1["content-mc"] <= 0.25
+    an = r["by_task"]["kv"]
+    best = an["bottleneck"]["best"]
+    assert best is not None and [tuple(h) for h in best["heads"]] == [tuple(an["scan_top"][0])], (best, an["scan_top"])
+    assert best["rule"].startswith("gather-segment"), best
+    assert r["clean"]["kv"] - best["kv"] >= 0.8 and best["kv"] <= 2 * r["chance"]["kv"], best
+    assert an["random_baseline"]["kv"] >= r["clean"]["kv"] - 0.05, an["random_baseline"]
+    assert -best["delta_knowledge"] <= 0.25 and -best["delta_content-mc"] <= 0.25, best
+
+
+@pytest.mark.xfail(strict=True, reason="not reproduced in full: the named Gather head takes KV to chance, but "
+                   "knowledge and content-MC move ~10 points with it (claim b allows 5); see docs/results.md")
+def test_b_transformer_kv_bottleneck_spares_knowledge(measured):
+    _breaks(measured["llama-kv"], "kv")
 
 
 def test_a_knowledge_without_retrieval_and_attention_retrieval_in_the_hybrid(measured):
