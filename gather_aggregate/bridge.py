@@ -173,8 +173,8 @@ class BridgeModel(ProtocolMixin):
 
     def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor:
         if self.mixer_resume(layer) is None:
-            raise InputError(f"layer {layer} of this {self.cfg.model_name!r} bridge cannot be resumed after its "
-                             "attention (parallel attention and MLP)")
+            raise InputError(f"layer {layer} of {self.name!r} cannot be resumed after its attention (parallel "
+                             "attention and MLP); resume from the layer's input with start_at_layer instead")
         L = self.check_layer(layer).index
         self._check_resume(resid_pre, L)
         block = self.module.blocks[L]

@@ -16,6 +16,10 @@ a model's internals; they only use what is listed here:
 ``model.pattern(x, layer, heads, rows)``  ``[batch, head, query, key]``: softmax
                                        attention, or SSM-implied attention
 ``model.run_with_cache / run_with_hooks / hooks / to_tokens / tokenizer``
+``model.mixer_resume(layer)``          optional: the hook of the layer's mixer
+``model.resume_after_mixer(r, m, L)``  output and its out-projection, and the
+                                       forward resumed after the mixer (used by
+                                       :mod:`gather_aggregate.layer_resume`)
 =====================================  =======================================
 
 :class:`ProtocolMixin` implements the parts that are the same for every model
