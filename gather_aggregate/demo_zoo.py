@@ -38,6 +38,7 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
 
     from gather_aggregate import load_model
     from gather_aggregate.commands import out_dir
+    from gather_aggregate.detect import aggregate_reading
     from gather_aggregate.experiments import cumulative_ablation
     from gather_aggregate.io import atomic_write_json
     from gather_aggregate.zoo import claims
@@ -75,8 +76,7 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     sharp = {}
     for name in _bar(list(models), "sharp vs smooth"):
         model, exs = models[name], sets[name][task]
-        best = {k: max(r[k] for r in ga[name].table) for k in ("aggregate", "aggregate_segment")}
-        score = "aggregate_segment" if best["aggregate_segment"] > 2 * best["aggregate"] + 0.05 else "aggregate"
+        score = aggregate_reading(ga[name].table)
         ent = claims.aggregate_entropy(model, exs[:16], ga[name], score=score)
         layer, head = ent["heads"][0]
         ex = exs[0]

@@ -168,6 +168,14 @@ class GAHeads:
         return out
 
 
+def aggregate_reading(table: Sequence[dict[str, Any]]) -> str:
+    """Which Aggregate score to rank a model's heads by: ``"aggregate"`` (the correct segment's summary token,
+    the paper's reading), or ``"aggregate_segment"`` (any of its tokens) when some head reads the segment far
+    more (over twice, plus 0.05) than any head reads its summary, as ``llama-kv``'s value-reading KV heads do."""
+    top = {k: max(r[k] for r in table) for k in ("aggregate", "aggregate_segment")}
+    return "aggregate_segment" if top["aggregate_segment"] > 2 * top["aggregate"] + 0.05 else "aggregate"
+
+
 def zscores(values: list[float]) -> list[float]:
     """Standard scores of ``values`` (NaN counts as 0; all 0 when they do not vary)."""
     t = torch.tensor(values, dtype=torch.float64)

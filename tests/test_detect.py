@@ -74,6 +74,17 @@ def test_gather_read_off_the_segments_best_token(planted):
     assert "gather_segment" not in pattern_scores(model, examples)[0]  # only when asked for (full patterns)
 
 
+def test_aggregate_reading_prefers_the_summary_unless_a_segment_reading_is_far_stronger():
+    from gather_aggregate.detect import aggregate_reading
+
+    def table(*pairs):
+        return [{"aggregate": a, "aggregate_segment": s} for a, s in pairs]
+
+    assert aggregate_reading(table((0.90, 0.92), (0.1, 0.1))) == "aggregate"        # a summary reader (the hybrid)
+    assert aggregate_reading(table((0.22, 0.23), (0.0, 0.01))) == "aggregate"        # a smooth one (Mamba-2)
+    assert aggregate_reading(table((0.00, 0.95), (0.003, 0.93))) == "aggregate_segment"  # llama-kv's value readers
+
+
 def test_detector_uses_the_scan_as_evidence(planted):
     from gather_aggregate.scan import ScanResult
 
