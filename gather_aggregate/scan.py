@@ -11,8 +11,8 @@ Three implementations, one answer:
 * :func:`exact_scan`  the same numbers, faster: one clean forward caches what
   each scanned layer needs, and the ablations of many heads of that layer run
   in one stacked forward from there, without re-running the ablated layer's
-  mixer where the model allows it (:mod:`gather_aggregate.layer_resume`).  Equal to
-  the naive loop up to float rounding (tested).
+  mixer where the model allows it (:mod:`gather_aggregate.layer_resume`).
+  Equal to the naive loop up to float rounding (tested).
 * :func:`atp_scan`  attribution patching: one forward and one backward give the
   first-order estimate ``-(z_ablated - z) · ∂metric/∂z`` for every head at once.
 
@@ -199,7 +199,7 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
             for start in range(0, len(hs), per_fwd):
                 chunk = [Edit(layer, h) for h in hs[start:start + per_fwd]]
                 logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
-                                              lambda e, cur: rep.values(e.layer, e.head, cur))
+                                                    lambda e, cur: rep.values(e.layer, e.head, cur))
                 for i, e in enumerate(chunk):
                     m = _check_metric(metric(logits[i * batch:(i + 1) * batch]), f"head L{e.layer}H{e.head}")
                     rows.append(_row(model, e.layer, e.head, clean, m))
