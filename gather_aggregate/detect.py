@@ -65,7 +65,7 @@ def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | 
                          "(KV-retrieval, multiple choice), not a plain knowledge query")
     layers = [model.check_layer(la).index for la in (layers if layers is not None else range(model.n_layers))]
     sums: dict[tuple[int, str], Tensor] = {}
-    counts: dict[str, float] = {"gather": 0.0, "aggregate": 0.0, "gather_segment": 0.0}
+    counts: dict[str, float] = {"gather": 0.0, "aggregate": 0.0}
     for chunk in _batches(examples, batch_size):
         batch = collate(chunk, pad_id_of(model.tokenizer), device=model.device)
         b, n_seg = batch.seg_summary.shape
@@ -81,7 +81,6 @@ def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | 
         other = batch.seg_mask & (torch.arange(n_seg, device=rows.device)[None] != batch.correct[:, None])
         counts["gather"] += float(gather_valid.sum())
         counts["aggregate"] += float(has_correct.sum())
-        counts["gather_segment"] += float(gather_valid.sum())
         for layer in layers:
             with torch.no_grad():
                 p = model.pattern(batch.tokens, layer, rows=rows, normalize=True, **pattern_kwargs).float()
