@@ -196,13 +196,16 @@ def retrieval_analysis(model: Any, sets: Mapping[str, Sequence[Any]], clean: Map
     top_agg = max(ga.table, key=lambda r: r["aggregate"])
     top_seg = max(ga.table, key=lambda r: r["aggregate_segment"])
     info = ("layer", "head", "kind", "aggregate", "aggregate_segment", "aggregate_hit", "aggregate_mass")
+    agg_row = aggregate_entropy(model, sets[task][:32], ga)
+    same_head = (top_seg["layer"], top_seg["head"]) == (top_agg["layer"], top_agg["head"])
+    seg_row = agg_row if same_head else aggregate_entropy(model, sets[task][:32], ga, score="aggregate_segment")
     return {"scan_top": [list(h) for h in scan.top(4)], "gather": [list(h) for h in ga.gather],
             "aggregate": [list(h) for h in ga.aggregate], "bottleneck": b,
             "random_baseline": random_baseline(model, k_b, sets, exclude=[tuple(h) for h in b["flagged"]]),
             "max_single_head_drop": max(r["drop"] for r in single), "single_head": single,
-            "aggregate_row": aggregate_entropy(model, sets[task][:32], ga),
+            "aggregate_row": agg_row,
             "top_aggregate": {k: top_agg[k] for k in info},
-            "segment_aggregate_row": aggregate_entropy(model, sets[task][:32], ga, score="aggregate_segment"),
+            "segment_aggregate_row": seg_row,
             "top_segment_aggregate": {k: top_seg[k] for k in info},
             "cumulative": cumulative_ablation(model, scan.top(max(ks)), sets, ks=ks)}
 
