@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-
     from bench_scan import _time, deep_random_dir
+
     from gather_aggregate import load_model
     from gather_aggregate.tasks.registry import get_task
     from gather_aggregate.workflows import task_metric
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         for k in sorted({1, args.layers // 2, args.layers - 1}):
             resid = cache[model.resid_hook(k)]
             model(resid, start_at_layer=k)  # the first resumed call learns the layers' output type
-            tl_s, tl = _time(lambda: model.module(resid, start_at_layer=k), repeats=3)
-            ours_s, ours = _time(lambda: model(resid, start_at_layer=k), repeats=3)
+            tl_s, tl = _time(lambda r=resid, k=k: model.module(r, start_at_layer=k), repeats=3)
+            ours_s, ours = _time(lambda r=resid, k=k: model(r, start_at_layer=k), repeats=3)
             print(f"| {k} | {tl_s:.3f} | {ours_s:.3f} | {tl_s / ours_s:.1f}× | "
                   f"{float((tl - full).abs().max()):.1e} / {float((ours - full).abs().max()):.1e} |")
     return 0
