@@ -20,6 +20,13 @@ Two ways to resume, chosen per layer by :func:`plan`:
 
 Both give the naive one-forward-per-edit numbers up to float rounding (tested
 in ``tests/test_scan.py``).
+
+With a :class:`~gather_aggregate.readout.ReadoutMetric` the forward stops
+once the *last* layer's mixer output is in (a hook raises :class:`_Stop`) and
+finishes at the metric's positions only: the rest of the last layer, the final
+norm and the unembedding act on each position alone, so the rows the metric
+does not read are never computed.  An edit in the last layer itself then costs
+those few rows and nothing else.
 """
 
 from __future__ import annotations
@@ -31,15 +38,22 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.interventions import Edit, edit_hook
+from gather_aggregate.readout import ReadoutMetric
 
 #: per layer: (hook of its mixer output, out-projection weight [d_model, n_heads * d_head]) or None
 Plan = dict[int, "tuple[str, Tensor] | None"]
 Fill = Callable[[Edit, Tensor], Tensor]
 
 
-def plan(model: Any, layers: Iterable[int]) -> Plan:
-    """The inside-the-layer resume of every layer that offers one (``None`` for the others)."""
-    return {layer: model.mixer_resume(layer) for layer in layers}
+class _Stop(Exception):
+    """Raised by a hook to end a forward once the last layer's mixer output is in."""
+
+
+def plan(model: Any, layers: Iterable[int], readout: bool = False) -> Plan:
+    """The inside-the-layer resume of every layer that offers one (``None`` for the others); with ``readout``
+    also of the last layer, where every forward finishes at the readout positions."""
+    layers = set(layers) | ({model.n_layers - 1} if readout else set())
+    return {layer: model.mixer_resume(layer) for layer in sorted(layers)}
 
 
 def cache_names(model: Any, plan_: Plan) -> list[str]:
@@ -66,22 +80,30 @@ def verify(model: Any, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
             tol = 1e-4 * (1 + float(mixer_out.abs().max()))
             ok = (bool((offset - offset[:1, :1]).abs().max() <= tol)
                   and bool(torch.allclose(resumed.float(), logits[:2].float(), rtol=1e-4, atol=1e-4)))
+            if ok and layer == model.n_layers - 1:
+                # the readout finish relies on what follows the last mixer acting on each position alone
+                rows = torch.tensor([0, logits.shape[1] - 1])
+                alone = model.resume_after_mixer(cache[model.resid_hook(layer)][:2, rows], cache[name][:2, rows], layer)
+                ok = bool(torch.allclose(alone.float(), logits[:2, rows].float(), rtol=1e-4, atol=1e-4))
         out[layer] = (spec[0], spec[1].detach()) if ok else None
     return out
 
 
-def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequence[Edit], fill: Fill) -> Tensor:
+def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequence[Edit], fill: Fill,
+                  readout: ReadoutMetric | None = None) -> Tensor:
     """Logits of ``len(edits)`` stacked copies of the cached batch, copy ``i`` with ``edits[i]`` applied in
     ``layer``; ``fill(edit, current)`` gives the replacement for the current head slice (``[batch, pos, d_head]``,
-    or ``[batch, d_head]`` for an edit at one position)."""
+    or ``[batch, d_head]`` for an edit at one position).  With ``readout``: only the logits at its positions,
+    ``[copies * batch, k, vocab]``, computed there alone when the plan has the last layer."""
     resid = cache[model.resid_hook(layer)]
     name, axis = model.head_hook(layer)
     batch = resid.shape[0]
-    stacked = resid.repeat(len(edits), *([1] * (resid.dim() - 1)))
+    copies = len(edits)
+    stacked = resid.repeat(copies, *([1] * (resid.dim() - 1)))
     spec = plan_.get(layer)
     if spec is None:
-        with model.hooks(fwd_hooks=[(name, edit_hook(axis, batch, edits, fill))]):
-            return model(stacked, start_at_layer=layer)
+        hooks = [(name, edit_hook(axis, batch, edits, fill))]
+        return _finish(model, plan_, stacked, readout, copies, hooks, lambda: model(stacked, start_at_layer=layer))
     mixer_name, w_out = spec
     z = cache[name]
     d_head = z.shape[-1]
@@ -96,4 +118,34 @@ def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequen
         else:
             at = cur[:, e.position]
             rows[:, e.position] += ((fill(e, at) - at).to(w_out.dtype) @ cols.T).to(out.dtype)
-    return model.resume_after_mixer(stacked, out, layer)
+    last = model.n_layers - 1
+    if readout is not None and layer == last:
+        return model.resume_after_mixer(readout.select(stacked, copies), readout.select(out, copies), last)
+    return _finish(model, plan_, stacked, readout, copies, [], lambda: model.resume_after_mixer(stacked, out, layer))
+
+
+def _finish(model: Any, plan_: Plan, stacked: Tensor, readout: ReadoutMetric | None, copies: int,
+            hooks: list[tuple[str, Callable]], run: Callable[[], Tensor]) -> Tensor:
+    """``run()`` under ``hooks``; with ``readout``, stopped after the last mixer and finished at its positions."""
+    last = model.n_layers - 1
+    if readout is None or plan_.get(last) is None:
+        with model.hooks(fwd_hooks=hooks):
+            logits = run()
+        return logits if readout is None else readout.select(logits, copies)
+    got = {"resid": stacked}  # the last layer's input, when the run starts there
+
+    def grab(x: Tensor, hook: Any) -> None:
+        got["resid"] = x
+
+    def stop(x: Tensor, hook: Any) -> None:
+        got["mixer"] = x
+        raise _Stop
+
+    try:
+        with model.hooks(fwd_hooks=[*hooks, (model.resid_hook(last), grab), (plan_[last][0], stop)]):
+            run()
+    except _Stop:
+        pass
+    if "mixer" not in got:
+        raise RuntimeError(f"the forward never reached {plan_[last][0]!r}; cannot finish at the readout positions")
+    return model.resume_after_mixer(readout.select(got["resid"], copies), readout.select(got["mixer"], copies), last)

@@ -23,7 +23,8 @@ from gather_aggregate import layer_resume
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
 from gather_aggregate.protocol import Head
-from gather_aggregate.scan import Metric, ScanResult, _check_metric, _progress
+from gather_aggregate.readout import ReadoutMetric
+from gather_aggregate.scan import Metric, ScanResult, _apply, _check_metric, _progress
 
 
 def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: Sequence[Head] | None = None, *,
@@ -53,7 +54,8 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
     batch = clean.shape[0]
     layers = sorted({la for la, _ in heads})
     clean_z = head_outputs(model, clean, layers)
-    how = layer_resume.plan(model, layers)
+    readout = metric if isinstance(metric, ReadoutMetric) else None
+    how = layer_resume.plan(model, layers, readout=readout is not None)
     with torch.no_grad():
         m_clean = _check_metric(metric(model(clean)), "clean run")
         corr_logits, cache = model.run_with_cache(corrupted, names_filter=layer_resume.cache_names(model, how))
@@ -74,10 +76,10 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
 
             for start in range(0, len(edits), per_fwd):
                 chunk = edits[start:start + per_fwd]
-                logits = layer_resume.edited_logits(model, cache, how, layer, chunk, fill)
+                logits = layer_resume.edited_logits(model, cache, how, layer, chunk, fill, readout)
                 for i, e in enumerate(chunk):
                     where = f"head L{e.layer}H{e.head}" + ("" if e.position is None else f" pos {e.position}")
-                    m = _check_metric(metric(logits[i * batch:(i + 1) * batch]), where)
+                    m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]), where)
                     rows.append({"layer": e.layer, "head": e.head, "kind": model.layers[e.layer].kind,
                                  "position": e.position, "metric_patched": m,
                                  "score": (m - m_corr) / denom if denom != 0 else float("nan")})

@@ -39,6 +39,7 @@ from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchEr
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
 from gather_aggregate.io import write_table
 from gather_aggregate.protocol import Head, device_of
+from gather_aggregate.readout import ReadoutMetric
 
 Metric = Callable[[Tensor], Tensor]
 
@@ -109,6 +110,11 @@ def _check_metric(value: Any, what: str) -> float:
     if not math.isfinite(v):
         raise NonFiniteError(f"the metric returned {v} ({what})")
     return v
+
+
+def _apply(metric: Metric, readout: ReadoutMetric | None, logits: Tensor) -> Any:
+    """The metric on full logits, or on logits already taken at ``readout``'s positions."""
+    return metric(logits) if readout is None else readout.at_readout(logits)
 
 
 def _row(model: Any, layer: int, head: int, clean: float, ablated: float) -> dict[str, Any]:
@@ -186,7 +192,8 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
 
     per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
     by_layer = group_by_layer(todo)
-    how = layer_resume.plan(model, by_layer)
+    readout = metric if isinstance(metric, ReadoutMetric) else None
+    how = layer_resume.plan(model, by_layer, readout=readout is not None)
     with torch.no_grad():
         # one clean forward gives the metric and everything each scanned layer resumes from
         clean_logits, cache = model.run_with_cache(tokens, names_filter=layer_resume.cache_names(model, how))
@@ -199,9 +206,10 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
             for start in range(0, len(hs), per_fwd):
                 chunk = [Edit(layer, h) for h in hs[start:start + per_fwd]]
                 logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
-                                                    lambda e, cur: rep.values(e.layer, e.head, cur))
+                                                    lambda e, cur: rep.values(e.layer, e.head, cur), readout)
                 for i, e in enumerate(chunk):
-                    m = _check_metric(metric(logits[i * batch:(i + 1) * batch]), f"head L{e.layer}H{e.head}")
+                    m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]),
+                                      f"head L{e.layer}H{e.head}")
                     rows.append(_row(model, e.layer, e.head, clean, m))
                 bar.update(len(chunk))
                 if out is not None:

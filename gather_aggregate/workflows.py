@@ -30,8 +30,15 @@ def task_metric(model: Any, examples: list[Any], kind: str = "logprob") -> tuple
 
     Multi-token candidates are scored on their first token here (the scan
     needs one forward per ablation); :func:`gather_aggregate.tasks.evaluate`
-    scores full continuations.
+    scores full continuations.  The metric is a
+    :class:`~gather_aggregate.readout.ReadoutMetric` at each prompt's query
+    position, so scans finish their forwards there only.
     """
+    import dataclasses
+
+    import torch
+
+    from gather_aggregate.readout import ReadoutMetric
     from gather_aggregate.tasks.base import collate, pad_id_of
     from gather_aggregate.tasks.evaluate import correct_logprob, logit_diff
 
@@ -39,12 +46,13 @@ def task_metric(model: Any, examples: list[Any], kind: str = "logprob") -> tuple
         raise InputError(f"metric kind must be 'logprob' or 'logit_diff', got {kind!r}")
     batch = collate(examples, pad_id_of(model.tokenizer), device=model.device)
     fn = correct_logprob if kind == "logprob" else logit_diff
+    at_query = dataclasses.replace(batch, query_pos=torch.zeros_like(batch.query_pos))  # logits already taken there
 
-    def metric(logits: Any) -> Any:
-        return fn(logits, batch).mean()
+    def metric(logits_at: Any) -> Any:
+        return fn(logits_at, at_query).mean()
 
     metric.__qualname__ = f"task_metric.{kind}"
-    return batch.tokens, metric
+    return batch.tokens, ReadoutMetric(metric, batch.query_pos[:, None])
 
 
 def parse_heads(spec: str, model: Any) -> list[tuple[int, int]]:

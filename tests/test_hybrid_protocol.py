@@ -198,6 +198,7 @@ def test_start_and_stop_at_layer_resume_exactly(saved):
 
 
 def test_exact_scan_table_has_both_head_kinds_and_equals_naive(saved):
+    from gather_aggregate.readout import ReadoutMetric
     from gather_aggregate.scan import atp_scan, exact_scan, naive_scan
 
     hf, model, _ = saved
@@ -215,6 +216,11 @@ def test_exact_scan_table_has_both_head_kinds_and_equals_naive(saved):
     for layer, head in heads:
         assert exact.score(layer, head) == pytest.approx(naive.score(layer, head), abs=1e-5)
     assert len({round(r["score"], 8) for r in exact.rows}) > 1
+    at = ReadoutMetric(lambda la: la[:, 0].log_softmax(-1).gather(1, target[:, None]).mean(), torch.tensor([6, 11]))
+    exact_at = exact_scan(model, tokens, at, heads=heads, progress=False, max_rows=8)
+    naive_at = naive_scan(model, tokens, at, heads=heads, progress=False)
+    for layer, head in heads:
+        assert exact_at.score(layer, head) == pytest.approx(naive_at.score(layer, head), abs=1e-5)
     atp = atp_scan(model, tokens, metric, heads=heads)
     assert {r["kind"] for r in atp.rows} == {"attn", "ssm"}
     assert param_checksum(model) == before and param_checksum(hf) == hf_before

@@ -12,6 +12,7 @@ from gather_aggregate.experiments import cumulative_ablation, keep_only, layer_p
 from gather_aggregate.interventions import ablate, run_ablated
 from gather_aggregate.patching import patch_heads
 from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.readout import ReadoutMetric
 from gather_aggregate.scan import ScanResult, atp_scan, compare_rankings, exact_scan, naive_scan
 
 
@@ -72,6 +73,61 @@ def test_exact_scan_does_not_rerun_the_ablated_layer_and_checks_the_shortcut(set
     for hd in heads:
         assert fast.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
         assert slow.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
+
+
+def readout_metric(target, positions):
+    """Mean log-prob of ``target`` at one position per prompt, as a ReadoutMetric."""
+    return ReadoutMetric(lambda la: la[:, 0].log_softmax(-1).gather(1, target[:, None]).mean(), positions)
+
+
+def test_readout_metric_scan_and_patching_equal_naive(setup):
+    """A ReadoutMetric (a different position per prompt) lets the exact scan and patching stop after the last
+    attention and finish at the read positions: the last MLP sees only those rows, the scores stay the naive ones."""
+    model, tokens, ref, _ = setup
+    g = torch.Generator().manual_seed(4)
+    positions = torch.randint(5, tokens.shape[1], (tokens.shape[0],), generator=g)
+    metric = readout_metric(torch.randint(0, model.d_vocab, (tokens.shape[0],), generator=g), positions)
+    last = model.n_layers - 1
+    shapes = []
+    handle = model.module.blocks[last].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape[:2])))
+    try:
+        exact = exact_scan(model, tokens, metric, max_rows=24, progress=False)
+    finally:
+        handle.remove()
+    assert shapes[0] == tuple(tokens.shape)  # the clean run; then the shortcut checks, on 2 prompts
+    stacked = [s for s in shapes if s[0] == 4 * tokens.shape[0]]  # the four heads of a layer, stacked
+    assert stacked == [(4 * tokens.shape[0], 1)] * model.n_layers  # one row per prompt: the read one
+    naive = naive_scan(model, tokens, metric)
+    for hd in model.all_heads():
+        assert exact.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
+    assert len({round(r["score"], 6) for r in exact.rows}) > 1
+    clean, corrupted = tokens, tokens.clone()
+    corrupted[:, 3] = ref[0, 3]
+    table = patch_heads(model, clean, corrupted, metric, heads=[(0, 1), (last, 2)], per_position=True,
+                        positions=[1, 3, -1], progress=False)
+    _, cache = model.run_with_cache(clean)
+    for row in table.rows:
+        name, axis = model.head_hook(row["layer"])
+
+        def put_clean(z, hook, h=row["head"], p=row["position"], name=name):
+            z = z.clone()
+            z[:, p, h] = cache[name][:, p, h]
+            return z
+
+        with torch.no_grad():
+            direct = float(metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, put_clean)])))
+        assert row["metric_patched"] == pytest.approx(direct, abs=1e-5)
+    assert count_hooks(model) == 0
+
+
+def test_readout_metric_input_errors():
+    with pytest.raises(errors.InputError, match="integer tensor"):
+        ReadoutMetric(lambda la: la.mean(), torch.tensor([0.5]))
+    m = ReadoutMetric(lambda la: la.mean(), torch.tensor([1, 30]))
+    with pytest.raises(errors.InputError, match="out of range"):
+        m(torch.zeros(2, 10, 4))
+    with pytest.raises(errors.InputError, match="3"):
+        m(torch.zeros(3, 40, 4))
 
 
 def test_atp_agrees_with_exact_on_a_random_model(setup):
@@ -271,4 +327,8 @@ def test_exact_scan_equals_naive_on_mamba2():
         assert exact.score(layer, head) == pytest.approx(naive.score(layer, head), abs=1e-5)
     atp = atp_scan(model, tokens, metric)
     assert compare_rankings(exact, atp)["spearman"] > 0.5
+    at = readout_metric(target, torch.tensor([11, 5, 8, 11]))  # finish the forwards at one position per prompt
+    exact_at, naive_at = exact_scan(model, tokens, at, max_rows=16, progress=False), naive_scan(model, tokens, at)
+    for hd in model.all_heads():
+        assert exact_at.score(*hd) == pytest.approx(naive_at.score(*hd), abs=1e-5)
     assert count_hooks(model) == 0 and param_checksum(model) == before
