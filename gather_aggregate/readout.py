@@ -32,7 +32,7 @@ class ReadoutMetric:
     from the end), or an integer tensor ``[batch]`` / ``[batch, k]``.
     """
 
-    def __init__(self, fn: Callable[[Tensor], Tensor], positions: int | Int[Tensor, "batch *k"]) -> None:
+    def __init__(self, fn: Callable[[Tensor], Tensor], positions: int | Tensor) -> None:
         if isinstance(positions, Tensor):
             if positions.is_floating_point() or positions.dim() not in (1, 2):
                 raise InputError(f"readout positions must be an int or an integer tensor [batch] or [batch, k], "
