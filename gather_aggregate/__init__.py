@@ -18,6 +18,7 @@ _LAZY: dict[str, str] = {
     "supported_model_types": "gather_aggregate.loading",
     "LayerInfo": "gather_aggregate.protocol",
     "HookedModel": "gather_aggregate.protocol",
+    "ReadoutMetric": "gather_aggregate.readout",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.loading import supported_model_types as supported_model_types
     from gather_aggregate.protocol import HookedModel as HookedModel
     from gather_aggregate.protocol import LayerInfo as LayerInfo
+    from gather_aggregate.readout import ReadoutMetric as ReadoutMetric
 
 
 def __getattr__(name: str) -> Any:
