@@ -24,17 +24,17 @@ from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
 from gather_aggregate.protocol import Head
 from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan import Metric, ScanResult, _apply, _check_metric, _progress
+from gather_aggregate.scan import Metric, ScanResult, _apply, _check_metric, _progress, default_max_rows
 
 
 def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: Sequence[Head] | None = None, *,
-                per_position: bool = False, positions: Sequence[int] | None = None, max_rows: int = 256,
+                per_position: bool = False, positions: Sequence[int] | None = None, max_rows: int | None = None,
                 progress: bool = True) -> ScanResult:
     """Patch clean head outputs into the corrupted run; one row per head (or head × position).
 
     ``metric(logits) -> scalar``.  ``positions`` restricts the per-position
     sweep (default: every position).  ``score`` in the table is the normalised
-    effect.
+    effect.  ``max_rows``: as in :func:`~gather_aggregate.scan.exact_scan`.
     """
     clean = model.validate_tokens(clean)
     corrupted = model.validate_tokens(corrupted)
@@ -62,7 +62,7 @@ def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: S
         m_corr = _check_metric(metric(corr_logits), "corrupted run")
         how = layer_resume.verify(model, cache, how, corr_logits)
         denom = m_clean - m_corr
-        per_fwd = max(1, max_rows // batch)
+        per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
         edits_all = [Edit(la, h, p) for la, hs in group_by_layer(heads).items() for h in hs for p in pos_list]
         bar = _progress(len(edits_all), "patching", progress)
         rows = []

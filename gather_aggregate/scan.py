@@ -158,8 +158,8 @@ def naive_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
 
 # ---- exact: cached prefix + batched ablations ---------------------------------------
 def default_max_rows(model: Any) -> int:
-    """Rows (copies x prompts) per batched forward: 256 on CUDA, 64 on CPU."""
-    return 256 if device_of(model).type == "cuda" else 64
+    """Rows (copies x prompts) per batched forward: 256 on CUDA, 32 on CPU."""
+    return 256 if device_of(model).type == "cuda" else 32
 
 
 def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
@@ -169,7 +169,7 @@ def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
     """Exact ablation scores for ``heads`` (default: all), batched.
 
     ``max_rows`` bounds the stacked batch (copies x prompts) of one forward;
-    the default, :func:`default_max_rows`, is 256 on a GPU and 64 on a CPU,
+    the default, :func:`default_max_rows`, is 256 on a GPU and 32 on a CPU,
     where big stacked batches leave the cache and run slower than separate
     forwards (measured in ``docs/benchmarks.md``).
     With ``out`` the table is written (JSON + CSV, atomically) after every
