@@ -16,6 +16,7 @@ difference, AtP-vs-exact speed-up, Spearman ρ and top-5 overlap.
     python benchmarks/bench_scan.py                      # shipped zoo models (or a random Llama if none)
     python benchmarks/bench_scan.py --models llama-ga mamba2-ga --n 32
     python benchmarks/bench_scan.py --models --deep 12   # random-weight 12-layer Llama and Mamba-2 only
+    python benchmarks/bench_scan.py --rows-sweep 32,64,128   # exact-scan time per stacked-batch size
 
 ``--deep N`` adds a randomly initialised ``N``-layer Llama and Mamba-2 of the zoo's
 widths and vocabulary (same KV prompts), to see the speed-ups at a depth the
@@ -108,6 +109,28 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
             "atp_speedup_vs_exact": t_exact / t_atp, "spearman": cmp["spearman"], "top5": cmp["top5_overlap"]}
 
 
+def rows_sweep(name: str, n: int, sizes: list[int], threads: int, repeats: int = 3) -> dict:
+    """Best-of-``repeats`` exact-scan time (task ``ReadoutMetric``) for each ``max_rows``, the sizes interleaved
+    so that a busy machine slows them alike."""
+    import torch
+
+    from gather_aggregate import load_model
+    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.tasks.registry import get_task
+    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.zoo import list_zoo
+
+    torch.set_num_threads(threads)
+    path = list_zoo()[name]
+    model = load_model(path)
+    tokens, metric = task_metric(model, get_task("kv", model_dir=path).examples(model.tokenizer, n=n, seed=0))
+    best = {m: float("inf") for m in sizes}
+    for _ in range(repeats):
+        for m in sizes:
+            best[m] = min(best[m], _time(lambda m=m: exact_scan(model, tokens, metric, max_rows=m, progress=False))[0])
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     from gather_aggregate.zoo import list_zoo
 
@@ -121,8 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero", help="ablation method")
     p.add_argument("--max-rows", type=int, default=None, help="exact scan's stacked rows per forward (default: 32 on CPU)")
+    p.add_argument("--rows-sweep", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="R1,R2,..",
+                   help="instead: time the exact scan of each zoo model at these max_rows values (best of 3)")
     args = p.parse_args(argv)
     models = args.models if args.models is not None else (list(list_zoo()) or ["random-llama"])
+    if args.rows_sweep:
+        print("| model | prompts | " + " | ".join(f"{m} rows (s)" for m in args.rows_sweep) + " |")
+        print("|---|---|" + "---|" * len(args.rows_sweep))
+        for m in models:
+            best = rows_sweep(m, args.n, args.rows_sweep, args.threads)
+            print(f"| {m} | {args.n} | " + " | ".join(f"{best[r]:.3f}" for r in args.rows_sweep) + " |")
+        return 0
     rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method, max_rows=args.max_rows) for m in models]
     if args.deep:
         for arch in ("llama", "mamba2"):
