@@ -20,6 +20,7 @@ from gather_aggregate.zoo.data import (
     mc_prompt,
     mqar_doc,
     mqar_prompt,
+    recall_eval_items,
     sample_doc,
 )
 from gather_aggregate.zoo.quick_eval import ablate_heads, eval_suite, evaluate
@@ -149,6 +150,27 @@ def test_letter_lookup_docs_name_the_colour_and_answer_with_its_letter():
             colour = q.split(" of ")[1].split("?")[0]
             assert colour in WORLD.attributes and a == f" {letter_of[colour]}"
     assert not Mixture().letter_lookup  # auxiliary: off unless asked for
+
+
+def test_letter_recall_docs_query_colours_and_answer_with_their_letters():
+    rng = random.Random(8)
+    mix = Mixture(kv=0, letter_mc=0, content_mc=0, knowledge=0, letter_recall=1.0, mc_modifier=0.5)
+    for _ in range(50):
+        kind, doc = sample_doc(WORLD, rng, mix)
+        assert kind == "letter_recall"
+        lines = doc[0][0].split("\n")
+        assert lines[0].startswith("Question: What is the color of ") and len(lines) - 2 in range(3, 6)
+        letter_of = {w: ln.split(".")[0] for ln in lines[1:-1] for w in ln.split(". ", 1)[1].split()}
+        queries, answers = [lines[-1]] + [t.strip() for t, tgt in doc[2:] if not tgt], [t for t, tgt in doc if tgt]
+        assert len(queries) == len(answers) >= mix.recall_queries[0]
+        for q, a in zip(queries, answers):
+            assert q in WORLD.attributes and a == f" {letter_of[q]}"
+    items = recall_eval_items(WORLD, random.Random(0), 20)
+    for it in items:
+        lines = it.prompt.split("\n")
+        assert [ln.split(".")[0] for ln in lines[1:-1]] == list("ABCD") and it.answer in it.candidates
+        assert f"{it.answer}. {lines[-1]}" in lines
+    assert not Mixture().letter_recall  # auxiliary: off unless asked for
 
 
 def test_collate_supervises_only_target_tokens():

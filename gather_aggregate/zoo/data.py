@@ -28,6 +28,10 @@ what made in-context retrieval learnable on CPU in the trials:
 * **Letter lookup** (auxiliary, weight 0 unless asked for) letter-MC whose questions
   name the colour itself, ``Question: What is the color of red?`` + options +
   ``Answer: L``: the in-context half of letter-MC without the fact lookup.
+* **Letter recall** (auxiliary, weight 0 unless asked for) a letter-MC question and
+  its options, then dense queries ``colour`` → ``L`` on lines of their own (the
+  colour is the query token itself, as in reverse MQAR): the backward read-out of
+  reverse MQAR in the options' own layout.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Mixture:
     mqar: float = 0.0
     letter_lookup: float = 0.0
     reverse_mqar: float = 0.0
+    letter_recall: float = 0.0
     kv_min_pairs: int = 2
     kv_max_pairs: int = 16
     kv_queries: tuple[int, int] = (6, 16)
@@ -65,6 +70,7 @@ class Mixture:
     knowledge_per_doc: tuple[int, int] = (3, 8)
     mqar_pairs: tuple[int, int] = (4, 8)
     mqar_queries: tuple[int, int] = (16, 24)
+    recall_queries: tuple[int, int] = (8, 16)
 
 
 # --- prompt pieces (exactly the evaluation formats) ---------------------------------------------------------
@@ -152,15 +158,32 @@ def mc_doc(world: World, rng: random.Random, mix: Mixture, letter: bool, lookup:
     answer = options[correct][0] if letter else options[correct][1]
     doc: Doc = [(prompt, False), (f" {answer}", True)]
     if letter:
-        colour_to_letter = {}
-        for L, text in options:
-            colour = next(w for w in text.split() if w in world.attributes)
-            colour_to_letter[colour] = L
+        colour_to_letter = _colour_letters(world, options)
         for _ in range(rng.randint(*mix.mc_followups)):
             colour = rng.choice(list(colour_to_letter))
             e2 = colour if lookup else _entity_with(world, rng, colour)
             doc += [(f"\nQuestion: What is the {world.relation} of {e2}?\nAnswer:", False),
                     (f" {colour_to_letter[colour]}", True)]
+    return doc
+
+
+def _colour_letters(world: World, options: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``{colour: letter}`` of an options block (each option's text holds one colour word)."""
+    return {next(w for w in text.split() if w in world.attributes): L for L, text in options}
+
+
+def letter_recall_doc(world: World, rng: random.Random, mix: Mixture) -> Doc:
+    """A letter-MC question and options, then ``recall_queries`` lines ``colour`` → `` L`` (colours of the block,
+    drawn with replacement; every letter is a target)."""
+    entity = rng.choice(world.entities)
+    options, _ = mc_options(world, rng, entity, rng.randint(*mix.mc_options), rng.random() < mix.mc_in_order,
+                            mix.mc_modifier)
+    prompt = f"Question: What is the {world.relation} of {entity}?\n" + "".join(f"{L}. {o}\n" for L, o in options)
+    table = _colour_letters(world, options)
+    doc: Doc = []
+    for i in range(rng.randint(*mix.recall_queries)):
+        colour = rng.choice(list(table))
+        doc += [((prompt if i == 0 else "\n") + colour, False), (f" {table[colour]}", True)]
     return doc
 
 
@@ -177,8 +200,9 @@ def mqar_doc(world: World, rng: random.Random, n_pairs: int, n_queries: int, rev
 
 
 def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int | None = None) -> tuple[str, Doc]:
-    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar", "letter_lookup", "reverse_mqar"]
-    weights = [mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar, mix.letter_lookup, mix.reverse_mqar]
+    kinds = ["kv", "letter_mc", "content_mc", "knowledge", "mqar", "letter_lookup", "reverse_mqar", "letter_recall"]
+    weights = [mix.kv, mix.letter_mc, mix.content_mc, mix.knowledge, mix.mqar, mix.letter_lookup, mix.reverse_mqar,
+               mix.letter_recall]
     kind = rng.choices(kinds, weights=weights)[0]
     if kind == "kv":
         hi = max(mix.kv_min_pairs, kv_max_pairs or mix.kv_max_pairs)
@@ -190,6 +214,8 @@ def sample_doc(world: World, rng: random.Random, mix: Mixture, kv_max_pairs: int
         return kind, knowledge_doc(world, rng, rng.randint(*mix.knowledge_per_doc))
     if kind == "letter_lookup":
         return kind, mc_doc(world, rng, mix, letter=True, lookup=True)
+    if kind == "letter_recall":
+        return kind, letter_recall_doc(world, rng, mix)
     return kind, mc_doc(world, rng, mix, letter=(kind == "letter_mc"))
 
 
@@ -283,6 +309,18 @@ def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_opti
             out.append(EvalItem(prompt, options[c][0], [L for L, _ in options]))
         else:
             out.append(EvalItem(prompt, options[c][1], [o for _, o in options]))
+    return out
+
+
+def recall_eval_items(world: World, rng: random.Random, n: int, n_options: int = 4) -> list[EvalItem]:
+    """Letter recall's first query: a question, its options in order, then one of their colours -> its letter."""
+    out = []
+    for _ in range(n):
+        options, c = mc_options(world, rng, rng.choice(world.entities), n_options, in_order=True, p_modifier=0.0)
+        colour = rng.choice([o for _, o in options])
+        letter = next(L for L, o in options if o == colour)
+        prompt = mc_prompt(world.relation, rng.choice(world.entities), options).removesuffix("Answer:") + colour
+        out.append(EvalItem(prompt, letter, [L for L, _ in options]))
     return out
 
 

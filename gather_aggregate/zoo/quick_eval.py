@@ -28,6 +28,7 @@ from gather_aggregate.zoo.data import (
     kv_eval_items,
     mc_eval_items,
     mqar_eval_items,
+    recall_eval_items,
     reverse_mqar_eval_items,
 )
 from gather_aggregate.zoo.vocab import World, split_words
@@ -69,6 +70,7 @@ def eval_suite(world: World, seed: int, n: int, kv_sizes: Iterable[int] = (4, 8,
     suite["mqar8"] = mqar_eval_items(world, random.Random(seed + 1), 8, n)  # own stream: other sets unchanged
     suite["lookup"] = mc_eval_items(world, random.Random(seed + 2), n, letter=True, lookup=True)
     suite["rmqar8"] = reverse_mqar_eval_items(world, random.Random(seed + 3), 8, n)
+    suite["recall"] = recall_eval_items(world, random.Random(seed + 4), n)
     return suite
 
 
