@@ -265,6 +265,9 @@ def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
     assert main(["--arch", "llama", "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), "--grow-to", "3",
                  *base]) == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "c").config.num_hidden_layers == 3
+    # the recorded config is the warm-started model's real shape, not the CLI defaults
+    rec = json.loads((tmp_path / "c" / "train_config.json").read_text())["config"]
+    assert rec["n_layers"] == 3 and rec["d_model"] == small.config.hidden_size
     with pytest.raises(ValueError, match="needs --init"):
         main(["--arch", "llama", "--out", str(tmp_path / "d"), "--grow-to", "3", *base])
     with pytest.raises(ValueError, match="below the checkpoint"):

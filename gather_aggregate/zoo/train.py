@@ -148,6 +148,16 @@ def load_init(cfg: TrainConfig, vocab_size: int) -> Any:
     return model
 
 
+def architecture_of(model: Any) -> dict[str, int]:
+    """The size fields of :class:`TrainConfig` read off a loaded model's HF config (a warm start's real shape)."""
+    c = model.config
+    fields = {"d_model": "hidden_size", "n_layers": "num_hidden_layers",
+              "d_ff": "intermediate_size" if c.model_type in ("llama", "bamba") else "",  # Mamba's is d_inner
+              "n_heads": "num_heads" if c.model_type == "mamba2" else "num_attention_heads",
+              "d_state": "mamba_d_state" if c.model_type == "bamba" else "state_size"}
+    return {k: int(getattr(c, name)) for k, name in fields.items() if isinstance(getattr(c, name, None), int)}
+
+
 def grow_layers(model: Any, n_layers: int, seed: int) -> None:
     """Append freshly initialised Llama layers up to ``n_layers`` whose output projections (attention ``o_proj``,
     MLP ``down_proj``) start at zero: each new layer adds nothing to the residual stream at first, so the grown
@@ -210,6 +220,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError("--grow-to needs --init (it grows a trained checkpoint)")
     if cfg.init:
         model = load_init(cfg, len(vocab))
+        cfg = dataclasses.replace(cfg, **architecture_of(model))  # record what was trained, not the defaults
     else:
         model = build_model(cfg, len(vocab), pad_id, tokenizer.eos_token_id)
     mix = Mixture(kv_max_pairs=cfg.kv_max, **cfg.mixture)
