@@ -101,6 +101,13 @@ def test_readout_metric_scan_and_patching_equal_naive(setup):
     for hd in model.all_heads():
         assert exact.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
     assert len({round(r["score"], 6) for r in exact.rows}) > 1
+    # a layer without the inside-the-layer resume runs from its input, and still stops after the last mixer
+    real = model.mixer_resume
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model, "mixer_resume", lambda layer: None if layer == 0 else real(layer))
+        mixed = exact_scan(model, tokens, metric, progress=False)
+    for hd in model.all_heads():
+        assert mixed.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
     clean, corrupted = tokens, tokens.clone()
     corrupted[:, 3] = ref[0, 3]
     table = patch_heads(model, clean, corrupted, metric, heads=[(0, 1), (last, 2)], per_position=True,
