@@ -316,7 +316,7 @@ def recall_eval_items(world: World, rng: random.Random, n: int, n_options: int =
     """Letter recall's first query: a question, its options in order, then one of their colours -> its letter."""
     out = []
     for _ in range(n):
-        options, c = mc_options(world, rng, rng.choice(world.entities), n_options, in_order=True, p_modifier=0.0)
+        options, _ = mc_options(world, rng, rng.choice(world.entities), n_options, in_order=True, p_modifier=0.0)
         colour = rng.choice([o for _, o in options])
         letter = next(L for L, o in options if o == colour)
         prompt = mc_prompt(world.relation, rng.choice(world.entities), options).removesuffix("Answer:") + colour
