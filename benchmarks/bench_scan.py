@@ -20,8 +20,8 @@ difference, AtP-vs-exact speed-up, Spearman ρ and top-5 overlap.
 
 ``--deep N`` adds a randomly initialised ``N``-layer Llama and Mamba-2 of the zoo's
 widths and vocabulary (same KV prompts), to see the speed-ups at a depth the
-2-4-layer zoo does not have (the exact scan's stays near 2x: every layer after
-the edited one still runs; see docs/benchmarks.md).  Their scores are those of
+2-4-layer zoo does not have (the exact scan's stays near 2-2.5x: every later
+layer's mixer still runs at every position; see docs/benchmarks.md).  Their scores are those of
 untrained weights: read the timing, not the ranking agreement.
 """
 
@@ -68,12 +68,12 @@ def deep_random_dir(arch: str, n_layers: int) -> tuple[str, "os.PathLike"]:
     return f"{arch} random {n_layers}L", out
 
 
-def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero",
-                path: "os.PathLike | None" = None, max_rows: int | None = None) -> dict:
+def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.PathLike | None" = None):
+    """``(model, task, tokens, metric)``: zoo model ``name`` (or ``path``; a random 4-layer Llama if neither
+    exists) with ``n`` KV prompts (seed 0) and the task's answer log-prob metric."""
     import torch
 
     from gather_aggregate import load_model
-    from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
     from gather_aggregate.tasks.registry import get_task
     from gather_aggregate.workflows import task_metric
     from gather_aggregate.zoo import list_zoo
@@ -88,10 +88,17 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
         hf, tok = tiny_llama(num_hidden_layers=4)
         path = save_model_dir(hf, tok, tempfile.mkdtemp())
     model = load_model(path)
-    kw = {"n_pairs": dict_size} if dict_size else {}
-    task = get_task("kv", model_dir=path, **kw)
-    examples = task.examples(model.tokenizer, n=n, seed=0)
-    tokens, metric = task_metric(model, examples)
+    task = get_task("kv", model_dir=path, **({"n_pairs": dict_size} if dict_size else {}))
+    tokens, metric = task_metric(model, task.examples(model.tokenizer, n=n, seed=0))
+    return model, task, tokens, metric
+
+
+def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero",
+                path: "os.PathLike | None" = None, max_rows: int | None = None) -> dict:
+    from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
+    from gather_aggregate.workflows import task_metric
+
+    model, task, tokens, metric = kv_setup(name, n, dict_size, threads, path)
     abl: dict = {"method": method}
     if method != "zero":  # reference prompts: the same task, other seed (same length: per-position means)
         ref, _ = task_metric(model, task.examples(model.tokenizer, n=n, seed=1))
@@ -112,18 +119,9 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
 def rows_sweep(name: str, n: int, sizes: list[int], threads: int, repeats: int = 3) -> dict:
     """Best-of-``repeats`` exact-scan time (task ``ReadoutMetric``) for each ``max_rows``, the sizes interleaved
     so that a busy machine slows them alike."""
-    import torch
-
-    from gather_aggregate import load_model
     from gather_aggregate.scan import exact_scan
-    from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.workflows import task_metric
-    from gather_aggregate.zoo import list_zoo
 
-    torch.set_num_threads(threads)
-    path = list_zoo()[name]
-    model = load_model(path)
-    tokens, metric = task_metric(model, get_task("kv", model_dir=path).examples(model.tokenizer, n=n, seed=0))
+    model, _, tokens, metric = kv_setup(name, n, None, threads)
     best = {m: float("inf") for m in sizes}
     for _ in range(repeats):
         for m in sizes:
