@@ -20,20 +20,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from bench_scan import _time, deep_random_dir
-
-    from gather_aggregate import load_model
-    from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.workflows import task_metric
+    from bench_scan import _time, deep_random_dir, kv_setup
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--n", type=int, default=32, help="prompts")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    _, path = deep_random_dir("llama", args.layers)
-    model = load_model(path)
-    tokens, _ = task_metric(model, get_task("kv", model_dir=path).examples(model.tokenizer, n=args.n, seed=0))
+    name, path = deep_random_dir("llama", args.layers)
+    model, _, tokens, _ = kv_setup(name, args.n, None, 1, path)
     with torch.no_grad():
         full_s, full = _time(lambda: model(tokens), repeats=3)
         _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_resid_pre"))
