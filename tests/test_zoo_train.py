@@ -247,6 +247,19 @@ def test_warm_start_continues_from_a_checkpoint_and_checks_the_arch(tmp_path):
         main(["--arch", "mamba2", "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"), *base[:-8]])
 
 
+def test_keep_checkpoints_keeps_every_eval_step_as_a_loadable_directory(tmp_path):
+    from gather_aggregate.zoo.train import main
+
+    args = ["--arch", "llama", "--steps", "4", "--threads", "1", "--batch-size", "4", "--bucket", "1",
+            "--eval-every", "2", "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
+    assert main([*args, "--out", str(tmp_path / "a"), "--keep-checkpoints"]) == 0
+    kept = tmp_path / "a" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir()) == ["step2", "step4"]
+    assert json.loads((kept / "step2" / "train_config.json").read_text())["steps_done"] == 2
+    assert main([*args, "--out", str(tmp_path / "b"), "--init", str(kept / "step2")]) == 0
+    assert not (tmp_path / "b" / "checkpoints").exists()
+
+
 def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -77,6 +77,7 @@ class TrainConfig:
     attn_layers: list[int] | None = None  # bamba only: indices of the attention layers
     init: str | None = None  # warm start: a model directory written by this script (same --arch)
     grow_to: int | None = None  # llama warm start only: append identity-initialised layers up to this depth
+    keep_checkpoints: bool = False  # also keep each eval's checkpoint in <out>/checkpoints/step<N>
 
     def resolved(self) -> TrainConfig:
         cfg = dataclasses.replace(self)
@@ -271,6 +272,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             record.update(steps_done=step + 1, wall_minutes=round(minutes, 2), final_metrics=metrics,
                           stopped_by_time=minutes > cfg.max_minutes)
             save_checkpoint(model, tokenizer, world, cfg, out, record)
+            if cfg.keep_checkpoints:
+                save_checkpoint(model, tokenizer, world, cfg, out / "checkpoints" / f"step{step + 1}", record)
         elif (step + 1) % cfg.log_every == 0:
             print(f"[zoo] step {step + 1} loss {run_loss / run_n:.4f} {minutes:.1f} min", flush=True)
         if last:
@@ -305,6 +308,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--grow-to", type=int, default=None, metavar="N",
                    help="llama with --init only: append identity-initialised layers up to N layers")
     p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="also keep every eval's checkpoint, in <out>/checkpoints/step<N> (for curriculum stages)")
     a = p.parse_args(argv)
     kw = {k: v for k, v in vars(a).items() if k != "mixture"}
     return TrainConfig(mixture=json.loads(a.mixture), **kw)
