@@ -16,6 +16,7 @@ difference, AtP-vs-exact speed-up, Spearman ρ and top-5 overlap.
     python benchmarks/bench_scan.py                      # shipped zoo models (or a random Llama if none)
     python benchmarks/bench_scan.py --models llama-ga mamba2-ga --n 32
     python benchmarks/bench_scan.py --models --deep 12   # random-weight 12-layer Llama and Mamba-2 only
+    python benchmarks/bench_scan.py --models --deep 12 --deep-heads 16   # ... with 16 heads per layer
     python benchmarks/bench_scan.py --rows-sweep 32,64,128   # exact-scan time per stacked-batch size
 
 ``--deep N`` adds a randomly initialised ``N``-layer Llama and Mamba-2 of the zoo's
@@ -43,8 +44,9 @@ def _time(fn, repeats: int = 1):
     return best, out
 
 
-def deep_random_dir(arch: str, n_layers: int) -> tuple[str, "os.PathLike"]:
-    """A randomly initialised ``n_layers``-deep zoo-width ``arch`` model with the zoo's tokenizer and tasks."""
+def deep_random_dir(arch: str, n_layers: int, n_heads: int | None = None) -> tuple[str, "os.PathLike"]:
+    """A randomly initialised ``n_layers``-deep zoo-width ``arch`` model (``n_heads`` heads per layer, else the
+    zoo's) with the zoo's tokenizer and tasks."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -63,14 +65,15 @@ def deep_random_dir(arch: str, n_layers: int) -> tuple[str, "os.PathLike"]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(out)
-    cfg = TrainConfig(arch=arch, out=str(out), n_layers=n_layers).resolved()
+    cfg = TrainConfig(arch=arch, out=str(out), n_layers=n_layers, n_heads=n_heads).resolved()
     build_model(cfg, len(tok), tok.pad_token_id, tok.eos_token_id).save_pretrained(out)
-    return f"{arch} random {n_layers}L", out
+    return f"{arch} random {n_layers}L" + (f"×{n_heads}H" if n_heads else ""), out
 
 
-def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.PathLike | None" = None):
+def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.PathLike | None" = None,
+             kind: str = "logprob"):
     """``(model, task, tokens, metric)``: zoo model ``name`` (or ``path``; a random 4-layer Llama if neither
-    exists) with ``n`` KV prompts (seed 0) and the task's answer log-prob metric."""
+    exists) with ``n`` KV prompts (seed 0) and the task's metric (answer log-prob, or ``kind="logit_diff"``)."""
     import torch
 
     from gather_aggregate import load_model
@@ -89,19 +92,19 @@ def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.P
         path = save_model_dir(hf, tok, tempfile.mkdtemp())
     model = load_model(path)
     task = get_task("kv", model_dir=path, **({"n_pairs": dict_size} if dict_size else {}))
-    tokens, metric = task_metric(model, task.examples(model.tokenizer, n=n, seed=0))
+    tokens, metric = task_metric(model, task.examples(model.tokenizer, n=n, seed=0), kind=kind)
     return model, task, tokens, metric
 
 
 def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero",
-                path: "os.PathLike | None" = None, max_rows: int | None = None) -> dict:
+                path: "os.PathLike | None" = None, max_rows: int | None = None, kind: str = "logprob") -> dict:
     from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
     from gather_aggregate.workflows import task_metric
 
-    model, task, tokens, metric = kv_setup(name, n, dict_size, threads, path)
+    model, task, tokens, metric = kv_setup(name, n, dict_size, threads, path, kind)
     abl: dict = {"method": method}
     if method != "zero":  # reference prompts: the same task, other seed (same length: per-position means)
-        ref, _ = task_metric(model, task.examples(model.tokenizer, n=n, seed=1))
+        ref, _ = task_metric(model, task.examples(model.tokenizer, n=n, seed=1), kind=kind)
         abl["reference"] = ref
     t_naive, naive = _time(lambda: naive_scan(model, tokens, metric, **abl))
     t_exact, exact = _time(lambda: exact_scan(model, tokens, metric, progress=False, max_rows=max_rows, **abl), 2)
@@ -137,10 +140,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="zoo names (default: every shipped zoo model; an empty --models with --deep: none)")
     p.add_argument("--deep", type=int, default=None, metavar="N",
                    help="also scan randomly initialised N-layer Llama and Mamba-2 models (timing only)")
+    p.add_argument("--deep-heads", type=int, default=None, metavar="H",
+                   help="with --deep: H heads per layer instead of the zoo's (4 Llama, 8 Mamba-2)")
     p.add_argument("--n", type=int, default=32, help="prompts per scan")
     p.add_argument("--dict-size", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero", help="ablation method")
+    p.add_argument("--metric", choices=["logprob", "logit_diff"], default="logprob",
+                   help="what every scan scores: the answer's log-prob or its logit difference")
     p.add_argument("--max-rows", type=int, default=None, help="exact scan's stacked rows per forward (default: 32 on CPU)")
     p.add_argument("--rows-sweep", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="R1,R2,..",
                    help="instead: time the exact scan of each zoo model at these max_rows values (best of 3)")
@@ -153,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
             best = rows_sweep(m, args.n, args.rows_sweep, args.threads)
             print(f"| {m} | {args.n} | " + " | ".join(f"{best[r]:.3f}" for r in args.rows_sweep) + " |")
         return 0
-    rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method, max_rows=args.max_rows) for m in models]
+    rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method, max_rows=args.max_rows, kind=args.metric)
+            for m in models]
     if args.deep:
         for arch in ("llama", "mamba2"):
-            name, path = deep_random_dir(arch, args.deep)
+            name, path = deep_random_dir(arch, args.deep, args.deep_heads)
             rows.append(bench_model(name, args.n, args.dict_size, args.threads, args.method, path=path,
-                                    max_rows=args.max_rows))
+                                    max_rows=args.max_rows, kind=args.metric))
     print("| model | ablation | heads | prompts | naive (s) | exact, full logits (s) | speed-up | exact, readout (s) "
           "| speed-up | max abs diff | AtP (s) | AtP speed-up vs exact | Spearman ρ | top-5 overlap |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
