@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
@@ -62,10 +62,11 @@ def rope_cos_sin(inv_freq: Tensor, n_pos: int, dtype: torch.dtype) -> tuple[Tens
 
 
 def apply_rope(x: Float[Tensor, "batch pos head d_head"], cos: Tensor, sin: Tensor) -> Float[Tensor, "batch pos head d_head"]:
-    """RoPE on the first ``cos.shape[-1]`` dims of each head; the rest pass through (partial RoPE)."""
+    """RoPE on the first ``cos.shape[-1]`` dims of each head; the rest pass through (partial RoPE).
+    ``cos``/``sin``: ``[pos, rotary_dim]``, or ``[batch, pos, rotary_dim]`` for per-prompt positions."""
     r = cos.shape[-1]
     x_rot, x_pass = x[..., :r], x[..., r:]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
     return torch.cat((x_rot * c + rotate_half(x_rot) * s, x_pass), dim=-1)
 
 
@@ -116,6 +117,29 @@ class Attention(nn.Module):
         pattern = self.hook_pattern(torch.softmax(scores.float(), dim=-1))
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern.to(v.dtype), v))
         return self.o_proj(z.reshape(b, L, self.n_heads * self.d_head))
+
+    def forward_rows(self, x: Float[Tensor, "batch pos d_in"],
+                     rows: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k d_model"]:
+        """``forward(x)`` at the query positions ``rows`` only: keys and values at every position, queries,
+        scores and outputs at ``k`` rows per prompt (``k × pos`` scores instead of ``pos × pos``).  The readout
+        finish of the exact scan uses it on the last layer; no hook fires."""
+        b, L, _ = x.shape
+        q, k, v = self.qkv(x)
+        at = torch.arange(b, device=x.device)[:, None]
+        q = q.view(b, L, self.n_heads, self.d_head)[at, rows]  # [batch, k, head, d_head]
+        k = k.view(b, L, self.n_kv_heads, self.d_head)
+        v = v.view(b, L, self.n_kv_heads, self.d_head)
+        if self.rotary_dim:
+            inv_freq = default_inv_freq(self.rotary_dim, self.rope_theta).to(x.device)
+            cos, sin = rope_cos_sin(inv_freq, L, q.dtype)
+            q, k = apply_rope(q, cos[rows], sin[rows]), apply_rope(k, cos, sin)
+        rep = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale
+        causal = torch.arange(L, device=x.device)[None, None, :] <= rows[:, :, None]  # [batch, k, key]
+        pattern = torch.softmax(scores.masked_fill(~causal[:, None], float("-inf")).float(), dim=-1)
+        z = torch.einsum("bhqk,bkhd->bqhd", pattern.to(v.dtype), v)
+        return self.o_proj(z.reshape(b, rows.shape[1], self.n_heads * self.d_head))
 
 
 class GatedMLP(nn.Module):

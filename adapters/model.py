@@ -236,6 +236,16 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         resid = self.blocks[L].after_mixer(self.check_resid_input(resid_pre, L), mixer_out)
         return self._forward(resid, L + 1, None)
 
+    def mixer_at_rows(self, resid_pre: Tensor, rows: Tensor, layer: int) -> Tensor | None:
+        """The mixer output of ``layer`` at query positions ``rows`` (``[batch, k]``) only, ``[batch, k, d_model]``,
+        from the layer's input.  Attention layers can (``Attention.forward_rows``); ``None`` for an SSM, whose
+        scan runs through every position anyway."""
+        blk = self.blocks[self.check_layer(layer).index]
+        attn = getattr(blk, "attn", None)
+        if attn is None or not hasattr(attn, "forward_rows") or not hasattr(blk, "ln1"):
+            return None
+        return attn.forward_rows(blk.ln1(resid_pre), rows)
+
     # ---- implied attention ---------------------------------------------------
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
         from gather_aggregate.adapters import implied

@@ -26,7 +26,10 @@ once the *last* layer's mixer output is in (a hook raises :class:`_Stop`) and
 finishes at the metric's positions only: the rest of the last layer, the final
 norm and the unembedding act on each position alone, so the rows the metric
 does not read are never computed.  An edit in the last layer itself then costs
-those few rows and nothing else.
+those few rows and nothing else.  Where the last mixer is attention that can
+answer a few queries alone (``model.mixer_at_rows``), the forward stops at the
+last layer's input instead and that mixer runs its queries at the readout
+positions only (keys and values still at every position).
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from torch import Tensor
 from gather_aggregate.interventions import Edit, edit_hook
 from gather_aggregate.readout import ReadoutMetric
 
-#: per layer: (hook of its mixer output, out-projection weight [d_model, n_heads * d_head]) or None
-Plan = dict[int, "tuple[str, Tensor] | None"]
+#: per layer: (hook of its mixer output, out-projection weight [d_model, n_heads * d_head]) or None; after
+#: :func:`verify`, a third item says whether the (last) layer's mixer is checked to run at the readout rows alone
+Plan = dict[int, "tuple[str, Tensor] | tuple[str, Tensor, bool] | None"]
 Fill = Callable[[Edit, Tensor], Tensor]
 
 
@@ -80,12 +84,18 @@ def verify(model: Any, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
             tol = 1e-4 * (1 + float(mixer_out.abs().max()))
             ok = (bool((offset - offset[:1, :1]).abs().max() <= tol)
                   and bool(torch.allclose(resumed.float(), logits[:2].float(), rtol=1e-4, atol=1e-4)))
+            rows_ok = False
             if ok and layer == model.n_layers - 1:
                 # the readout finish relies on what follows the last mixer acting on each position alone
                 rows = torch.tensor([0, logits.shape[1] - 1])
-                alone = model.resume_after_mixer(cache[model.resid_hook(layer)][:2, rows], cache[name][:2, rows], layer)
-                ok = bool(torch.allclose(alone.float(), logits[:2, rows].float(), rtol=1e-4, atol=1e-4))
-        out[layer] = (spec[0], spec[1].detach()) if ok else None
+                resid, want = cache[model.resid_hook(layer)][:2], logits[:2, rows].float()
+                alone = model.resume_after_mixer(resid[:, rows], cache[name][:2, rows], layer)
+                ok = bool(torch.allclose(alone.float(), want, rtol=1e-4, atol=1e-4))
+                at_rows = model.mixer_at_rows(resid, rows.repeat(resid.shape[0], 1).to(resid.device), layer)
+                if ok and at_rows is not None:
+                    rows_ok = bool(torch.allclose(model.resume_after_mixer(resid[:, rows], at_rows, layer).float(),
+                                                  want, rtol=1e-4, atol=1e-4))
+        out[layer] = (spec[0], spec[1].detach(), rows_ok) if ok else None
     return out
 
 
@@ -104,7 +114,7 @@ def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequen
     if spec is None:
         hooks = [(name, edit_hook(axis, batch, edits, fill))]
         return _finish(model, plan_, stacked, readout, copies, hooks, lambda: model(stacked, start_at_layer=layer))
-    mixer_name, w_out = spec
+    mixer_name, w_out = spec[:2]
     z = cache[name]
     d_head = z.shape[-1]
     mixer_out = cache[mixer_name]
@@ -132,10 +142,13 @@ def _finish(model: Any, plan_: Plan, stacked: Tensor, readout: ReadoutMetric | N
         with model.hooks(fwd_hooks=hooks):
             logits = run()
         return logits if readout is None else readout.select(logits, copies)
+    at_rows = len(plan_[last]) > 2 and plan_[last][2]  # verified: the last mixer can run at the readout rows
     got = {"resid": stacked}  # the last layer's input, when the run starts there
 
     def grab(x: Tensor, hook: Any) -> None:
         got["resid"] = x
+        if at_rows:
+            raise _Stop
 
     def stop(x: Tensor, hook: Any) -> None:
         got["mixer"] = x
@@ -146,6 +159,10 @@ def _finish(model: Any, plan_: Plan, stacked: Tensor, readout: ReadoutMetric | N
             run()
     except _Stop:
         pass
+    resid = got["resid"]
+    if at_rows:
+        idx = readout.index(resid.shape[0] // copies, resid.shape[1], copies).to(resid.device)
+        return model.resume_after_mixer(readout.select(resid, copies), model.mixer_at_rows(resid, idx, last), last)
     if "mixer" not in got:
         raise RuntimeError(f"the forward never reached {plan_[last][0]!r}; cannot finish at the readout positions")
-    return model.resume_after_mixer(readout.select(got["resid"], copies), readout.select(got["mixer"], copies), last)
+    return model.resume_after_mixer(readout.select(resid, copies), readout.select(got["mixer"], copies), last)

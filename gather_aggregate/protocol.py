@@ -20,6 +20,8 @@ a model's internals; they only use what is listed here:
 ``model.resume_after_mixer(r, m, L)``  output and its out-projection, and the
                                        forward resumed after the mixer (used by
                                        :mod:`gather_aggregate.layer_resume`)
+``model.mixer_at_rows(r, rows, L)``    optional: the mixer output at a few
+                                       query positions only (attention)
 =====================================  =======================================
 
 :class:`ProtocolMixin` implements the parts that are the same for every model
@@ -261,6 +263,11 @@ class ProtocolMixin:
     def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor:
         """Logits from the residual entering ``layer`` and that layer's mixer output (the mixer is not run)."""
         raise NotImplementedError(f"{type(self).__name__} cannot resume inside a layer; check mixer_resume() first")
+
+    def mixer_at_rows(self, resid_pre: Tensor, rows: Tensor, layer: int) -> Tensor | None:
+        """Optional: ``layer``'s mixer output at query positions ``rows`` (``[batch, k]``) only, from the layer's
+        input, for models whose mixer can skip the other rows (attention); ``None`` (the default) when not."""
+        return None
 
     # ---- hooks ------------------------------------------------------------
     @contextlib.contextmanager

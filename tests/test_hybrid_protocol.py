@@ -227,6 +227,50 @@ def test_exact_scan_table_has_both_head_kinds_and_equals_naive(saved):
     assert count_hooks(model) == 0 and all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("seed,n_kv,rotary_dim", [(0, 4, 8), (1, 2, 4), (2, 1, 0)])
+def test_attention_forward_rows_equals_the_full_forward_at_those_rows(seed, n_kv, rotary_dim):
+    """The readout finish's attention (queries at a few rows, keys everywhere) on GQA, partial and no RoPE."""
+    from gather_aggregate.adapters.attention import Attention
+
+    torch.manual_seed(seed)
+    attn = Attention(16, 16, 4, n_kv, 8, scale=8 ** -0.5, rotary_dim=rotary_dim, qkv_bias=seed == 1, o_bias=seed == 2)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 10, 16, generator=g)
+    rows = torch.randint(0, 10, (3, 2), generator=g)
+    full = attn(x)
+    torch.testing.assert_close(attn.forward_rows(x, rows), full[torch.arange(3)[:, None], rows], atol=1e-5, rtol=1e-5)
+
+
+def test_readout_scan_runs_a_last_attention_layer_at_the_read_rows_only(world):
+    """With attention as the last layer, every edited forward stops at that layer's input and runs its queries at
+    the readout positions only: its full forward runs once (the clean run), the scores stay the naive ones."""
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.layer_resume import plan, verify
+    from gather_aggregate.readout import ReadoutMetric
+    from gather_aggregate.scan import exact_scan, naive_scan
+
+    _, tok = world
+    hf = tiny_hf_hybrid("bamba", seed=2, stress=True, vocab_size=len(tok), num_hidden_layers=3, attn_layer_indices=[2])
+    model = from_hf_model(hf)
+    assert [li.kind for li in model.layers] == ["ssm", "ssm", "attn"]
+    tokens = _tokens(model, n=3, L=12, seed=4)
+    target = torch.tensor([3, 7, 11])
+    at = ReadoutMetric(lambda la: la[:, 0].log_softmax(-1).gather(1, target[:, None]).mean(), torch.tensor([6, 11, 9]))
+    _, cache = model.run_with_cache(tokens)
+    assert verify(model, cache, plan(model, [0], readout=True), model(tokens))[2][2] is True
+    batches = []
+    handle = model.blocks[2].attn.register_forward_hook(lambda m, i, o: batches.append(i[0].shape[0]))
+    try:
+        exact = exact_scan(model, tokens, at, max_rows=6, progress=False)
+    finally:
+        handle.remove()
+    assert batches == [3, 2, 2]  # the clean run, then the resume checks of layers 0 and 1 on two prompts
+    naive = naive_scan(model, tokens, at, progress=False)
+    for hd in model.all_heads():
+        assert exact.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
+    assert len({round(r["score"], 6) for r in exact.rows}) > 1 and count_hooks(model) == 0
+
+
 @needs_implied
 def test_detection_runs_on_a_hybrid(saved, world):
     from gather_aggregate.detect import find_ga_heads, pattern_scores
