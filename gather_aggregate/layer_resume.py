@@ -91,8 +91,10 @@ def verify(model: Any, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
                 resid, want = cache[model.resid_hook(layer)][:2], logits[:2, rows].float()
                 alone = model.resume_after_mixer(resid[:, rows], cache[name][:2, rows], layer)
                 ok = bool(torch.allclose(alone.float(), want, rtol=1e-4, atol=1e-4))
-                at_rows = model.mixer_at_rows(resid, rows.repeat(resid.shape[0], 1).to(resid.device), layer)
-                if ok and at_rows is not None:
+                at_rows_fn = getattr(model, "mixer_at_rows", None)  # optional in the protocol
+                at_rows = at_rows_fn(resid, rows.repeat(resid.shape[0], 1).to(resid.device), layer) if (
+                    ok and at_rows_fn is not None) else None
+                if at_rows is not None:
                     rows_ok = bool(torch.allclose(model.resume_after_mixer(resid[:, rows], at_rows, layer).float(),
                                                   want, rtol=1e-4, atol=1e-4))
         out[layer] = (spec[0], spec[1].detach(), rows_ok) if ok else None
