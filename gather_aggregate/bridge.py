@@ -184,6 +184,39 @@ class BridgeModel(ProtocolMixin):
             return self.forward(resid, start_at_layer=L + 1)
         return self.module.unembed(self.module.ln_final(resid))
 
+    def mixer_at_rows(self, resid_pre: Tensor, rows: Tensor, layer: int) -> Tensor | None:
+        """Attention output of ``layer`` at query positions ``rows`` (``[batch, k]``) only, from the layer's input:
+        keys and values at every position, queries, scores and outputs at the ``k`` rows.  Llama-family attention
+        (q/k/v/o projections, the model's rotary embedding, no q/k norms) only; ``None`` for any other.  The exact
+        scan compares it with the full forward on every run before using it."""
+        from gather_aggregate.adapters.attention import rotate_half
+
+        L = self.check_layer(layer).index
+        block = self.module.blocks[L]
+        attn = getattr(block.attn, "original_component", None)
+        rotary = getattr(getattr(getattr(self.module, "original_model", None), "model", None), "rotary_emb", None)
+        needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+        if (attn is None or rotary is None or not hasattr(block, "ln1") or not all(hasattr(attn, n) for n in needed)
+                or any(getattr(attn, n, None) is not None for n in ("q_norm", "k_norm", "sliding_window"))):
+            return None
+        x = block.ln1(resid_pre)
+        b, n_pos, _ = x.shape
+        d = attn.head_dim
+        at = torch.arange(b, device=x.device)[:, None]
+        q = attn.q_proj(x[at, rows]).view(b, rows.shape[1], -1, d)  # [batch, k, head, d_head]
+        k = attn.k_proj(x).view(b, n_pos, -1, d)
+        v = attn.v_proj(x).view(b, n_pos, -1, d)
+        cos, sin = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))  # [batch, pos, d_head]
+        q = q * cos[at, rows][:, :, None] + rotate_half(q) * sin[at, rows][:, :, None]
+        k = k * cos[:, :, None] + rotate_half(k) * sin[:, :, None]
+        rep = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * attn.scaling
+        causal = torch.arange(n_pos, device=x.device)[None, None, :] <= rows[:, :, None]  # [batch, k, key]
+        pattern = torch.softmax(scores.masked_fill(~causal[:, None], float("-inf")).float(), dim=-1).to(v.dtype)
+        z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+        return attn.o_proj(z.reshape(b, rows.shape[1], -1))
+
     def _check_resume(self, resid: Any, start_at_layer: int) -> None:
         if not 0 <= start_at_layer < self.n_layers:
             raise InputError(f"start_at_layer must be in [0, {self.n_layers - 1}], got {start_at_layer}")

@@ -88,15 +88,20 @@ def test_readout_metric_scan_and_patching_equal_naive(setup):
     positions = torch.randint(5, tokens.shape[1], (tokens.shape[0],), generator=g)
     metric = readout_metric(torch.randint(0, model.d_vocab, (tokens.shape[0],), generator=g), positions)
     last = model.n_layers - 1
-    shapes = []
-    handle = model.module.blocks[last].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape[:2])))
+    shapes, attn_batches = [], []
+    handles = [model.module.blocks[last].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape[:2]))),
+               model.module.blocks[last].attn.register_forward_hook(lambda m, i, o: attn_batches.append(len(o[0])))]
     try:
         exact = exact_scan(model, tokens, metric, max_rows=24, progress=False)
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     assert shapes[0] == tuple(tokens.shape)  # the clean run; then the shortcut checks, on 2 prompts
     stacked = [s for s in shapes if s[0] == 4 * tokens.shape[0]]  # the four heads of a layer, stacked
     assert stacked == [(4 * tokens.shape[0], 1)] * model.n_layers  # one row per prompt: the read one
+    # the last attention runs in full only in the clean run and the resume checks of the layers below; the
+    # ablated copies get its queries at the read rows alone (BridgeModel.mixer_at_rows)
+    assert attn_batches == [tokens.shape[0]] + [2] * (model.n_layers - 1)
     naive = naive_scan(model, tokens, metric)
     for hd in model.all_heads():
         assert exact.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)
@@ -125,6 +130,26 @@ def test_readout_metric_scan_and_patching_equal_naive(setup):
             direct = float(metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, put_clean)])))
         assert row["metric_patched"] == pytest.approx(direct, abs=1e-5)
     assert count_hooks(model) == 0
+
+
+def test_bridge_mixer_at_rows_equals_the_full_attention_or_declines():
+    """The bridge's readout-rows attention (GQA, RoPE) equals the full attention output at those rows; an
+    architecture it does not know (GPT-2's fused c_attn) gets None, so the scan keeps the full last mixer."""
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.testing import tiny_gpt2, tiny_llama
+
+    hf, tok = tiny_llama(num_hidden_layers=2, seed=3, rope_theta=500.0)
+    model = from_hf_model(hf, tok)
+    tokens = torch.randint(0, model.d_vocab, (3, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+        rows = torch.tensor([[0, 15], [9, 4], [15, 15]])
+        for layer in range(model.n_layers):
+            got = model.mixer_at_rows(cache[model.resid_hook(layer)], rows, layer)
+            want = cache[f"blocks.{layer}.hook_attn_out"][torch.arange(3)[:, None], rows]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    gpt2 = from_hf_model(*tiny_gpt2())
+    assert gpt2.mixer_at_rows(torch.zeros(1, 4, 64), torch.tensor([[3]]), 1) is None
 
 
 def test_readout_metric_input_errors():
