@@ -35,13 +35,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _time(fn, repeats: int = 1):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+def _time(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
 
 
 def deep_random_dir(arch: str, n_layers: int, n_heads: int | None = None) -> tuple[str, "os.PathLike"]:
@@ -97,7 +94,8 @@ def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.P
 
 
 def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero",
-                path: "os.PathLike | None" = None, max_rows: int | None = None, kind: str = "logprob") -> dict:
+                path: "os.PathLike | None" = None, max_rows: int | None = None, kind: str = "logprob",
+                repeats: int = 3) -> dict:
     from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
     from gather_aggregate.workflows import task_metric
 
@@ -106,11 +104,20 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
     if method != "zero":  # reference prompts: the same task, other seed (same length: per-position means)
         ref, _ = task_metric(model, task.examples(model.tokenizer, n=n, seed=1), kind=kind)
         abl["reference"] = ref
-    t_naive, naive = _time(lambda: naive_scan(model, tokens, metric, **abl))
-    t_exact, exact = _time(lambda: exact_scan(model, tokens, metric, progress=False, max_rows=max_rows, **abl), 2)
-    t_full, full = _time(lambda: exact_scan(model, tokens, lambda lg: metric(lg), progress=False,  # no readout
-                                            max_rows=max_rows, **abl), 2)
-    t_atp, atp = _time(lambda: atp_scan(model, tokens, metric, **abl), repeats=3)
+    runs = {  # each timed best-of-``repeats``, the methods interleaved so that a busy machine slows them alike
+        "naive": lambda: naive_scan(model, tokens, metric, **abl),
+        "exact": lambda: exact_scan(model, tokens, metric, progress=False, max_rows=max_rows, **abl),
+        "full": lambda: exact_scan(model, tokens, lambda lg: metric(lg), progress=False,  # no readout finish
+                                   max_rows=max_rows, **abl),
+        "atp": lambda: atp_scan(model, tokens, metric, **abl),
+    }
+    best, out = {k: float("inf") for k in runs}, {}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t, out[k] = _time(fn)
+            best[k] = min(best[k], t)
+    t_naive, t_exact, t_full, t_atp = (best[k] for k in ("naive", "exact", "full", "atp"))
+    naive, exact, full, atp = (out[k] for k in ("naive", "exact", "full", "atp"))
     diff = max(abs(e.score(*hd) - naive.score(*hd)) for hd in model.all_heads() for e in (exact, full))
     cmp = compare_rankings(exact, atp, k=5)
     return {"model": name, "method": method, "heads": len(model.all_heads()), "prompts": tuple(tokens.shape),
@@ -148,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero", help="ablation method")
     p.add_argument("--metric", choices=["logprob", "logit_diff"], default="logprob",
                    help="what every scan scores: the answer's log-prob or its logit difference")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="time every method best-of-this, the methods interleaved (default 3)")
     p.add_argument("--max-rows", type=int, default=None, help="exact scan's stacked rows per forward (default: 32 on CPU)")
     p.add_argument("--rows-sweep", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="R1,R2,..",
                    help="instead: time the exact scan of each zoo model at these max_rows values (best of 3)")
@@ -160,13 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             best = rows_sweep(m, args.n, args.rows_sweep, args.threads)
             print(f"| {m} | {args.n} | " + " | ".join(f"{best[r]:.3f}" for r in args.rows_sweep) + " |")
         return 0
-    rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method, max_rows=args.max_rows, kind=args.metric)
-            for m in models]
+    rows = [bench_model(m, args.n, args.dict_size, args.threads, args.method, max_rows=args.max_rows, kind=args.metric,
+                        repeats=args.repeats) for m in models]
     if args.deep:
         for arch in ("llama", "mamba2"):
             name, path = deep_random_dir(arch, args.deep, args.deep_heads)
             rows.append(bench_model(name, args.n, args.dict_size, args.threads, args.method, path=path,
-                                    max_rows=args.max_rows, kind=args.metric))
+                                    max_rows=args.max_rows, kind=args.metric, repeats=args.repeats))
     print("| model | ablation | heads | prompts | naive (s) | exact, full logits (s) | speed-up | exact, readout (s) "
           "| speed-up | max abs diff | AtP (s) | AtP speed-up vs exact | Spearman ρ | top-5 overlap |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
