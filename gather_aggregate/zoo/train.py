@@ -78,6 +78,7 @@ class TrainConfig:
     init: str | None = None  # warm start: a model directory written by this script (same --arch)
     grow_to: int | None = None  # llama warm start only: append identity-initialised layers up to this depth
     keep_checkpoints: bool = False  # also keep each eval's checkpoint in <out>/checkpoints/step<N>
+    stop_after: int | None = None  # stop after this many steps; the learning-rate schedule still spans `steps`
 
     def resolved(self) -> TrainConfig:
         cfg = dataclasses.replace(self)
@@ -260,7 +261,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         run_loss += loss.item()
         run_n += 1
         minutes = (time.time() - t0) / 60
-        last = step == cfg.steps - 1 or minutes > cfg.max_minutes
+        last = (step == cfg.steps - 1 or minutes > cfg.max_minutes
+                or (cfg.stop_after is not None and step + 1 >= cfg.stop_after))
         if (step + 1) % cfg.eval_every == 0 or last:
             metrics = evaluate(model, suite, vocab, pad_id)
             row = {"step": step + 1, "minutes": round(minutes, 2), "loss": round(run_loss / run_n, 4),
@@ -310,6 +312,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="also keep every eval's checkpoint, in <out>/checkpoints/step<N> (for curriculum stages)")
+    p.add_argument("--stop-after", type=int, default=None, metavar="N",
+                   help="stop after N steps while the learning-rate schedule still spans --steps (a stage that "
+                        "takes the step-N checkpoint of a longer run)")
     a = p.parse_args(argv)
     kw = {k: v for k, v in vars(a).items() if k != "mixture"}
     return TrainConfig(mixture=json.loads(a.mixture), **kw)
