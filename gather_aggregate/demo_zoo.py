@@ -95,7 +95,9 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
 
     # report + summary -----------------------------------------------------------------------
     summary = {"models": list(models), "n_prompts": n, "scan_task": task, "accuracy": acc, "chance": chance,
-               "ga_heads": {m: {"gather": g.gather, "aggregate": g.aggregate, "pairs": g.pairs} for m, g in ga.items()},
+               "ga_heads": {m: {"gather": g.gather, "aggregate": g.aggregate, "pairs": g.pairs, "reading": g.reading,
+                                "evidence": [[*hd, ev] for hd, ev in g.evidence.items()], "joint_drop": g.joint_drop}
+                            for m, g in ga.items()},
                "top_scan_heads": {m: s.top(4) for m, s in scans.items()},
                "cumulative_ablation": cumulative,
                "aggregate_row_entropy": {m: s["mean_entropy"] for m, s in sharp.items()},
@@ -128,12 +130,24 @@ def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
     for m, rows in s["cumulative_ablation"].items():
         for r in rows:
             print(f"{m:<14}{r['k']:>3}" + "".join(f"{r[t]:>12.3f}" for t in TASKS) + f"  {r['heads']}")
-    print("\nG&A heads found (gather / aggregate) and mean entropy of the strongest Aggregate head's final row")
-    print("(the head reading the correct segment's summary token, or any of its tokens where that is stronger):")
+    print("\nG&A heads found: each head's evidence is 'alone' (its own ablation stands out in the scan) or 'joint'")
+    print("(the role's redundant heads, removed together); '@segment': the score read at a segment's best token,")
+    print("not its summary.  Then the G->A pairs and the mean entropy of the strongest Aggregate head's final row:")
     for m, g in s["ga_heads"].items():
         h = s["aggregate_row_head"][m]
-        print(f"{m:<14} gather {g['gather']}  aggregate {g['aggregate']}  entropy "
-              f"{s['aggregate_row_entropy'][m]:.3f} nats (L{h['layer']}H{h['head']} reads the {h['reads']})")
+        print(f"{m:<14} gather {_named(g, 'gather'):<24} aggregate {_named(g, 'aggregate'):<40} "
+              f"{len(g['pairs'])} pairs  entropy {s['aggregate_row_entropy'][m]:.3f} nats "
+              f"(L{h['layer']}H{h['head']} reads the {h['reads']})")
+
+
+def _named(g: dict[str, Any], role: str) -> str:
+    """``L0H2 (alone)``, ``L1H1 L1H0 (joint) @segment`` or ``-``: one role's named heads with their evidence."""
+    evidence = {(la, h): ev for la, h, ev in g["evidence"]}
+    by_ev: dict[str, list[str]] = {}
+    for la, h in g[role]:
+        by_ev.setdefault(evidence[(la, h)], []).append(f"L{la}H{h}")
+    text = " ".join(f"{' '.join(hs)} ({ev})" for ev, hs in by_ev.items()) or "-"
+    return text + (" @segment" if g["reading"][role].endswith("_segment") and g[role] else "")
 
 
 def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], scans: dict[str, Any],
@@ -162,11 +176,17 @@ def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], sc
         drops = scans[m].scores()
         for r in tables[m]:
             rows.append({**r, "ablation_drop": drops.get((r["layer"], r["head"]), math.nan)})
-        sections.append(Figure(head_score_heatmaps(rows, ("ablation_drop", "gather", "aggregate"),
-                                                   title=f"{m}: head scores"), title=f"{m}: head scores"))
         g = summary["ga_heads"][m]
-        sections.append(KeyValues({"Gather heads": str(g["gather"]), "Aggregate heads": str(g["aggregate"]),
-                                   "G→A pairs": str(g["pairs"]), "scan top-4": str(summary["top_scan_heads"][m])},
+        read = (g["reading"]["gather"], g["reading"]["aggregate"])  # the scores the detector named heads by
+        sections.append(Figure(head_score_heatmaps(rows, ("ablation_drop", *read), title=f"{m}: head scores"),
+                               title=f"{m}: head scores"))
+        joint = ", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items()) or "not needed"
+        sections.append(KeyValues({"Gather heads": _named(g, "gather"), "Aggregate heads": _named(g, "aggregate"),
+                                   "G→A pairs": ", ".join(f"L{a[0]}H{a[1]} → L{b[0]}H{b[1]}" for a, b in g["pairs"])
+                                   or "none",
+                                   "read at": f"{read[0]} / {read[1]}",
+                                   "joint drop of the redundant candidates (nats)": joint,
+                                   "scan top-4": str(summary["top_scan_heads"][m])},
                                   title=f"{m}: detected heads"))
     curve_rows = [{"series": f"{m} · {t}", "n_ablated": r["k"], "accuracy": r[t]}
                   for m, rows in cumulative.items() for r in rows for t in TASKS]

@@ -151,12 +151,24 @@ def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor)
 
 @dataclass
 class GAHeads:
-    """Candidate Gather and Aggregate heads and G→A pairs, with the evidence for each."""
+    """Candidate Gather and Aggregate heads and G→A pairs, with the evidence for each.
+
+    ``reading`` says which pattern score named each role (``"gather"`` or
+    ``"gather_segment"``; ``"aggregate"`` or ``"aggregate_segment"``);
+    ``evidence`` says, per named head, why the ablation scan confirms it:
+    ``"pattern"`` (no scan given), ``"alone"`` (its own drop stands out) or
+    ``"joint"`` (it is one of the role's pattern candidates that, removed
+    together, cost what a standout head costs; see :func:`find_ga_heads`);
+    ``joint_drop`` holds each role's joint drop where one was measured.
+    """
 
     table: list[dict[str, Any]]
     gather: list[Head] = field(default_factory=list)
     aggregate: list[Head] = field(default_factory=list)
     pairs: list[tuple[Head, Head]] = field(default_factory=list)
+    reading: dict[str, str] = field(default_factory=dict)
+    evidence: dict[Head, str] = field(default_factory=dict)
+    joint_drop: dict[str, float] = field(default_factory=dict)
 
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once)."""
@@ -167,12 +179,27 @@ class GAHeads:
         return out
 
 
+def _reads_segment(table: Sequence[dict[str, Any]], summary: str, segment: str) -> bool:
+    """Whether some head shows the ``segment`` reading far more (over twice, plus 0.05) than any head shows the
+    ``summary`` one."""
+    top = {k: max(r[k] for r in table) for k in (summary, segment)}
+    return top[segment] > 2 * top[summary] + 0.05
+
+
 def aggregate_reading(table: Sequence[dict[str, Any]]) -> str:
     """Which Aggregate score to rank a model's heads by: ``"aggregate"`` (the correct segment's summary token,
     the paper's reading), or ``"aggregate_segment"`` (any of its tokens) when some head reads the segment far
     more (over twice, plus 0.05) than any head reads its summary, as ``llama-kv``'s value-reading KV heads do."""
-    top = {k: max(r[k] for r in table) for k in ("aggregate", "aggregate_segment")}
-    return "aggregate_segment" if top["aggregate_segment"] > 2 * top["aggregate"] + 0.05 else "aggregate"
+    return "aggregate_segment" if _reads_segment(table, "aggregate", "aggregate_segment") else "aggregate"
+
+
+def gather_reading(table: Sequence[dict[str, Any]]) -> str:
+    """The same choice for the Gather score: ``"gather"`` (read at each segment's summary token), or
+    ``"gather_segment"`` (at its best token; in the table only with ``pattern_scores(..., gather_any=True)``) when
+    some head gathers there far more, as ``llama-kv``'s Gather head does into each line's value token."""
+    if "gather_segment" not in table[0]:
+        return "gather"
+    return "gather_segment" if _reads_segment(table, "gather", "gather_segment") else "gather"
 
 
 def zscores(values: list[float]) -> list[float]:
@@ -183,35 +210,101 @@ def zscores(values: list[float]) -> list[float]:
     return [0.0 if sd == 0 else float((v - t.mean()) / sd) for v in t]
 
 
+READINGS = ("summary", "segment", "auto")
+
+
 def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: float = 2.0,
                   max_heads: int = 10, scores: list[dict[str, Any]] | None = None,
-                  batch_size: int = 16) -> GAHeads:
+                  batch_size: int = 16, reading: str = "auto", joint: bool = True) -> GAHeads:
     """Name candidate Gather / Aggregate heads from pattern scores and (optionally) an ablation scan.
 
-    A head is an *Aggregate* candidate when its ``aggregate`` score stands out
-    (z-score ≥ ``z`` over all heads) and, if a scan is given, its ablation
-    drop stands out too; *Gather* candidates likewise on ``gather``.  Within
-    each role, heads are ordered by the sum of their z-scores.  Pairs join a
-    Gather head to an Aggregate head in a later layer.
+    A head is a *pattern candidate* for a role when its score stands out
+    (z-score ≥ ``z`` over all heads).  ``reading`` picks the score per role:
+    ``"summary"`` reads the segment's summary token (``gather``,
+    ``aggregate``: the paper's reading), ``"segment"`` any of its tokens
+    (``gather_segment``, ``aggregate_segment``), and ``"auto"`` the segment
+    score only where some head shows it far more strongly than any head shows
+    the summary score (:func:`gather_reading`, :func:`aggregate_reading`).
+
+    With a scan, a candidate is named when its own ablation drop stands out
+    too (z ≥ ``z`` over the scan's drops).  Redundant heads (several Aggregate
+    heads reading the same segment) each cost little alone, so with ``joint``
+    the candidates that do not stand out alone are ablated together, in one
+    forward scored like the scan (zero ablation, the task's answer log-prob
+    from :func:`gather_aggregate.workflows.task_metric` on ``examples``), and
+    all are named when that joint drop would stand out among the single-head
+    drops.  The joint check runs only for a zero-ablation scan whose clean
+    metric that log-prob reproduces (the same prompts and metric).  Within each
+    role, heads are ordered by the sum of their z-scores; pairs join a Gather
+    head to an Aggregate head in a later layer.
     """
-    table = scores if scores is not None else pattern_scores(model, examples, batch_size=batch_size)
+    if reading not in READINGS:
+        raise InputError(f"reading must be one of {', '.join(READINGS)}, got {reading!r}")
+    if scores is None:
+        scores = pattern_scores(model, examples, batch_size=batch_size, gather_any=reading != "summary")
+    table = scores
+    if reading == "segment" and "gather_segment" not in table[0]:
+        raise InputError("reading='segment' needs gather_segment in the scores: pattern_scores(..., gather_any=True)")
+    col = {"gather": {"summary": "gather", "segment": "gather_segment", "auto": None}[reading] or gather_reading(table),
+           "aggregate": {"summary": "aggregate", "segment": "aggregate_segment",
+                         "auto": None}[reading] or aggregate_reading(table)}
     drops = scan.scores() if scan is not None else None
-    for name in ("gather", "aggregate"):
+    for role, name in col.items():
         for row, zz in zip(table, zscores([r[name] for r in table])):
-            row[f"z_{name}"] = zz
+            row[f"z_{role}"] = zz
+    drop_z: Any = None
     if drops is not None:
-        for row, zz in zip(table, zscores([drops.get((r["layer"], r["head"]), 0.0) for r in table])):
+        values = [drops.get((r["layer"], r["head"]), 0.0) for r in table]
+        for row, zz in zip(table, zscores(values)):
             row["ablation_drop"] = drops.get((row["layer"], row["head"]), float("nan"))
             row["z_ablation"] = zz
+        t = torch.tensor(values, dtype=torch.float64)
+        sd = float(t.std()) if len(values) > 1 else 0.0
+        drop_z = (float(t.mean()), sd)
+    evidence: dict[Head, str] = {}
+    joint_drop: dict[str, float] = {}
+    run_joint = (joint and drops is not None and drop_z[1] > 0
+                 and scan.meta.get("method", "zero") == "zero")
 
     def pick(role: str) -> list[Head]:
-        cands = [r for r in table if r[f"z_{role}"] >= z and (drops is None or r["z_ablation"] >= z)]
-        cands.sort(key=lambda r: -(r[f"z_{role}"] + (r["z_ablation"] if drops is not None else 0.0)))
-        return [(r["layer"], r["head"]) for r in cands[:max_heads]]
+        cands = sorted((r for r in table if r[f"z_{role}"] >= z), key=lambda r: -r[f"z_{role}"])
+        if drops is None:
+            evidence.update({(r["layer"], r["head"]): "pattern" for r in cands[:max_heads]})
+            return [(r["layer"], r["head"]) for r in cands[:max_heads]]
+        named = [r for r in cands if r["z_ablation"] >= z]
+        evidence.update({(r["layer"], r["head"]): "alone" for r in named})
+        rest = [r for r in cands if r["z_ablation"] < z][:max_heads]
+        drop = (_joint_drop(model, examples, [(r["layer"], r["head"]) for r in rest], scan.meta)
+                if run_joint and len(rest) >= 2 else None)
+        if drop is not None:
+            joint_drop[role] = drop
+            if (drop - drop_z[0]) / drop_z[1] >= z:
+                named += rest
+                evidence.update({(r["layer"], r["head"]): "joint" for r in rest})
+        named.sort(key=lambda r: -(r[f"z_{role}"] + r["z_ablation"]))
+        return [(r["layer"], r["head"]) for r in named[:max_heads]]
 
     gather, aggregate = pick("gather"), pick("aggregate")
     for r in table:
         hd = (r["layer"], r["head"])
         r["role"] = "aggregate" if hd in aggregate else "gather" if hd in gather else ""
+        r["evidence"] = evidence.get(hd, "") if r["role"] else ""
     pairs = [(g, a) for a in aggregate for g in gather if g[0] < a[0]]
-    return GAHeads(table, gather, aggregate, pairs)
+    return GAHeads(table, gather, aggregate, pairs, reading=col,
+                   evidence={hd: evidence[hd] for hd in aggregate + gather}, joint_drop=joint_drop)
+
+
+def _joint_drop(model: Any, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any]) -> float | None:
+    """The drop of the task's answer log-prob (the scans' metric) when ``heads`` are zero-ablated together; ``None``
+    when that metric's clean value is not the scan's (``meta["metric_clean"]``: other prompts or another metric)."""
+    from gather_aggregate.interventions import ablation_hooks, make_replacement
+    from gather_aggregate.workflows import task_metric
+
+    tokens, metric = task_metric(model, list(examples))
+    hooks = ablation_hooks(model, list(heads), make_replacement(model, list(heads), "zero"))
+    with torch.no_grad():
+        clean = float(metric(model(tokens)))
+        want = meta.get("metric_clean")
+        if want is not None and abs(clean - float(want)) > 1e-4 * (1 + abs(clean)):
+            return None
+        return clean - float(metric(model.run_with_hooks(tokens, fwd_hooks=hooks)))

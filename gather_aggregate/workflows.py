@@ -115,10 +115,14 @@ def run_detect(args: argparse.Namespace) -> int:
         tokens, metric = task_metric(model, examples)
         scan = exact_scan(model, tokens, metric, out=scan_file)
     ga = find_ga_heads(model, examples, scan)
-    write_table(ga.table, out / "detect.json", {"gather": ga.gather, "aggregate": ga.aggregate, "pairs": ga.pairs})
+    write_table(ga.table, out / "detect.json", {"gather": ga.gather, "aggregate": ga.aggregate, "pairs": ga.pairs,
+                                                 "reading": ga.reading, "joint_drop": ga.joint_drop})
     print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
-    top = sorted(ga.table, key=lambda r: -r.get("aggregate", 0))[:8]
-    _print_rows(top, ["layer", "head", "kind", "gather", "aggregate", "aggregate_hit", "ablation_drop", "role"])
+    print(f"read by: {ga.reading['gather']} / {ga.reading['aggregate']}; evidence: "
+          + (", ".join(f"L{la}H{h} {ev}" for (la, h), ev in ga.evidence.items()) or "none"))
+    top = sorted(ga.table, key=lambda r: -r.get(ga.reading["aggregate"], 0))[:8]
+    _print_rows(top, ["layer", "head", "kind", ga.reading["gather"], ga.reading["aggregate"], "aggregate_hit",
+                      "ablation_drop", "role", "evidence"])
     return 0
 
 

@@ -36,7 +36,10 @@ def test_scan_writes_a_ranked_table(results):
 
 def test_detect_and_ablate_and_pattern(results):
     det = json.loads((results / "detect" / "detect.json").read_text())
-    assert {"gather", "aggregate", "aggregate_hit", "ablation_drop"} <= set(det["rows"][0])
+    assert {"gather", "gather_segment", "aggregate", "aggregate_hit", "ablation_drop", "role", "evidence"} <= set(
+        det["rows"][0])
+    assert set(det["meta"]["reading"]) == {"gather", "aggregate"}
+    assert all(r["evidence"] in ("alone", "joint") for r in det["rows"] if r["role"])
     abl = json.loads((results / "ablate" / "ablate.json").read_text())
     assert abl["heads"] == [[1, 0], [1, 2]] and "kv" in abl["clean"] and "kv" in abl["ablated"]
     pat = json.loads((results / "pattern" / "pattern.json").read_text())

@@ -97,12 +97,54 @@ def test_detector_uses_the_scan_as_evidence(planted):
     assert ga.aggregate == [(1, 3)] and ga.gather == []
 
 
+def test_redundant_heads_are_named_by_their_joint_ablation(planted, monkeypatch):
+    """Two Aggregate heads that read the same summary each cost little alone; the detector names them when,
+    removed together, they cost what a standout head costs, and not when they do not (the joint drop is
+    planted here; on the zoo it is measured: tests/test_zoo_claims.py)."""
+    from planted import PlantedModel
+
+    from gather_aggregate import detect
+    from gather_aggregate.scan import ScanResult
+
+    model, examples = planted
+    twin = PlantedModel(model.tokenizer, [RULES[0], ["aggregate", "first_line", "aggregate", "self"]])
+    table = pattern_scores(twin, examples)
+    single = {(0, 1): 1.0, (1, 0): 0.05, (1, 2): 0.05}
+    scan = ScanResult([{"layer": r["layer"], "head": r["head"], "kind": "attn",
+                        "score": single.get((r["layer"], r["head"]), 0.0)} for r in table])
+    asked = []
+    for joint_drop, named in ((2.0, [(1, 0), (1, 2)]), (0.1, [])):
+        monkeypatch.setattr(detect, "_joint_drop", lambda m, ex, heads, meta, d=joint_drop: asked.append(heads) or d)
+        ga = find_ga_heads(twin, examples, scan=scan, scores=[dict(r) for r in table], z=1.5)
+        assert ga.gather == [(0, 1)] and ga.evidence[(0, 1)] == "alone"
+        assert sorted(ga.aggregate) == named and ga.joint_drop == {"aggregate": joint_drop}
+        assert all(ga.evidence[hd] == "joint" for hd in named)
+        assert sorted(ga.pairs) == [((0, 1), hd) for hd in named]
+    assert [sorted(h) for h in asked] == [[(1, 0), (1, 2)]] * 2
+    # without the joint check only standout heads are named
+    assert find_ga_heads(twin, examples, scan=scan, scores=[dict(r) for r in table], z=1.5, joint=False).aggregate == []
+
+
+def test_joint_drop_is_measured_only_on_the_scans_metric(planted):
+    from gather_aggregate.detect import _joint_drop
+
+    model, examples = planted
+    drop = _joint_drop(model, examples, [(1, 3), (0, 1)], {})
+    assert drop is not None and math.isfinite(drop)
+    # a scan whose clean metric this log-prob does not reproduce (other prompts or another metric): no joint check
+    assert _joint_drop(model, examples, [(1, 3), (0, 1)], {"metric_clean": 123.0}) is None
+
+
 def test_detection_bad_input(planted):
     model, examples = planted
     with pytest.raises(errors.InputError, match="no examples"):
         pattern_scores(model, [])
     with pytest.raises(errors.IndexOutOfRangeError):
         pattern_scores(model, examples, layers=[5])
+    with pytest.raises(errors.InputError, match="reading must be one of"):
+        find_ga_heads(model, examples, reading="value")
+    with pytest.raises(errors.InputError, match="gather_any=True"):
+        find_ga_heads(model, examples, scores=pattern_scores(model, examples), reading="segment")
 
 
 def test_sharpness_metrics_on_known_rows():
