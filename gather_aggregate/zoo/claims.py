@@ -200,7 +200,10 @@ def retrieval_analysis(model: Any, sets: Mapping[str, Sequence[Any]], clean: Map
     same_head = (top_seg["layer"], top_seg["head"]) == (top_agg["layer"], top_agg["head"])
     seg_row = agg_row if same_head else aggregate_entropy(model, sets[task][:32], ga, score="aggregate_segment")
     return {"scan_top": [list(h) for h in scan.top(4)], "gather": [list(h) for h in ga.gather],
-            "aggregate": [list(h) for h in ga.aggregate], "bottleneck": b,
+            "aggregate": [list(h) for h in ga.aggregate], "reading": dict(ga.reading),
+            "pairs": [[list(g), list(a)] for g, a in ga.pairs],
+            "evidence": [[*hd, ev] for hd, ev in ga.evidence.items()], "joint_drop": dict(ga.joint_drop),
+            "bottleneck": b,
             "random_baseline": random_baseline(model, k_b, sets, exclude=[tuple(h) for h in b["flagged"]]),
             "max_single_head_drop": max(r["drop"] for r in single), "single_head": single,
             "aggregate_row": agg_row,
@@ -233,6 +236,20 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _named_heads(an: Mapping[str, Any]) -> list[str]:
+    """One model's detector row: Gather heads, Aggregate heads (each ``[layer, head] evidence``), the scores read,
+    the joint drops and the pairs."""
+    evidence = {(la, h): ev for la, h, ev in an["evidence"]}
+
+    def heads(role: str) -> str:
+        return ", ".join(f"{list(hd)} {evidence[tuple(hd)]}" for hd in an[role]) or "–"
+
+    joint = ", ".join(f"{role} {d:.2f}" for role, d in an["joint_drop"].items()) or "–"
+    pairs = ", ".join(f"{g}→{a}" for g, a in an["pairs"]) or "–"
+    return [heads("gather"), heads("aggregate"), f"{an['reading']['gather']} / {an['reading']['aggregate']}",
+            joint, pairs]
+
+
 def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     """The measured tables of ``docs/results.md`` (claims a-d), from :func:`measure_model` results."""
     names = list(res)
@@ -249,7 +266,13 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     for task in RETRIEVAL:
         by = {m: res[m]["by_task"][task] for m in names}
         out += ["", f"### Heads, scanned and detected on {task}", "",
-                f"**The flagged heads that hurt {task} most (claim b)**, next to as many random other heads "
+                f"**The G&A detector on the {task} scan** (`find_ga_heads`, z >= 1.5): each named head with its "
+                "evidence (`alone`: its own ablation drop stands out; `joint`: the role's redundant candidates, "
+                "removed together, cost what a standout head costs), the score each role was read by, the joint "
+                "drop (answer log-prob, nats) where one was measured, and the G→A pairs", ""]
+        out.append(_md_table(["model", "Gather heads", "Aggregate heads", "read by", "joint drop", "G→A pairs"],
+                             [[m, *_named_heads(by[m])] for m in names if "evidence" in by[m]]))
+        out += ["", f"**The flagged heads that hurt {task} most (claim b)**, next to as many random other heads "
                 "(mean of 5 draws)", ""]
         rows = []
         for m in names:
