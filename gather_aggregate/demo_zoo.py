@@ -180,7 +180,8 @@ def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], sc
         read = (g["reading"]["gather"], g["reading"]["aggregate"])  # the scores the detector named heads by
         sections.append(Figure(head_score_heatmaps(rows, ("ablation_drop", *read), title=f"{m}: head scores"),
                                title=f"{m}: head scores"))
-        joint = ", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items()) or "not needed"
+        joint = (", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items())
+                 or "none measured (fewer than two candidates to try together)")
         sections.append(KeyValues({"Gather heads": _named(g, "gather"), "Aggregate heads": _named(g, "aggregate"),
                                    "G→A pairs": ", ".join(f"L{a[0]}H{a[1]} → L{b[0]}H{b[1]}" for a, b in g["pairs"])
                                    or "none",
