@@ -18,6 +18,7 @@ difference, AtP-vs-exact speed-up, Spearman ρ and top-5 overlap.
     python benchmarks/bench_scan.py --models --deep 12   # random-weight 12-layer Llama and Mamba-2 only
     python benchmarks/bench_scan.py --models --deep 12 --deep-heads 16   # ... with 16 heads per layer
     python benchmarks/bench_scan.py --rows-sweep 32,64,128   # exact-scan time per stacked-batch size
+    python benchmarks/bench_scan.py --models llama-kvmc --per-head   # ... and every head's exact and AtP score
 
 ``--deep N`` adds a randomly initialised ``N``-layer Llama and Mamba-2 of the zoo's
 widths and vocabulary (same KV prompts), to see the speed-ups at a depth the
@@ -123,7 +124,9 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
     return {"model": name, "method": method, "heads": len(model.all_heads()), "prompts": tuple(tokens.shape),
             "naive_s": t_naive, "exact_s": t_exact, "atp_s": t_atp, "full_s": t_full,
             "exact_speedup": t_naive / t_exact, "full_speedup": t_naive / t_full, "max_abs_diff": diff,
-            "atp_speedup_vs_exact": t_exact / t_atp, "spearman": cmp["spearman"], "top5": cmp["top5_overlap"]}
+            "atp_speedup_vs_exact": t_exact / t_atp, "spearman": cmp["spearman"], "top5": cmp["top5_overlap"],
+            "per_head": [(hd, exact.score(*hd), atp.score(*hd)) for hd, _ in
+                         sorted(exact.scores().items(), key=lambda t: -t[1])]}
 
 
 def rows_sweep(name: str, n: int, sizes: list[int], threads: int, repeats: int = 3) -> dict:
@@ -157,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="what every scan scores: the answer's log-prob or its logit difference")
     p.add_argument("--repeats", type=int, default=3,
                    help="time every method best-of-this, the methods interleaved (default 3)")
+    p.add_argument("--per-head", action="store_true",
+                   help="also print every head's exact and AtP scores, best exact first")
     p.add_argument("--max-rows", type=int, default=None, help="exact scan's stacked rows per forward (default: 32 on CPU)")
     p.add_argument("--rows-sweep", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="R1,R2,..",
                    help="instead: time the exact scan of each zoo model at these max_rows values (best of 3)")
@@ -184,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['full_s']:.2f} | {r['full_speedup']:.1f}× | {r['exact_s']:.2f} | {r['exact_speedup']:.1f}× | "
               f"{r['max_abs_diff']:.1e} | {r['atp_s']:.3f} | {r['atp_speedup_vs_exact']:.1f}× | {r['spearman']:.3f} | "
               f"{int(r['top5'])}/5 |")
+    if args.per_head:
+        for r in rows:
+            print(f"\n{r['model']}: head, exact score, AtP score")
+            for (layer, head), ex, at in r["per_head"]:
+                print(f"  L{layer}H{head} {ex:9.3f} {at:9.3f}")
     return 0
 
 

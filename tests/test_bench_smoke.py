@@ -37,3 +37,21 @@ def test_ours_equals_transformer_lens(bench):
 def test_ours_matches_float64_formula(bench, kw):
     r = bench.bench_ours(10, d_model=16, d_state=4, repeats=1, **kw)
     assert r["rel_diff"] < 1e-5
+
+
+def test_scan_benchmark_row_on_a_random_llama():
+    """bench_scan's row on a random 4-layer Llama (no zoo model of that name): the exact scan equals the naive loop
+    and the per-head list carries both scores, best exact first."""
+    before = torch.get_num_threads()
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_scan
+
+        r = bench_scan.bench_model("random-llama", n=4, dict_size=4, threads=1, repeats=1)
+    finally:
+        sys.path.remove(str(BENCH))
+        torch.set_num_threads(before)
+    assert r["heads"] == len(r["per_head"]) and r["max_abs_diff"] <= 1e-5
+    exact = [ex for _, ex, _ in r["per_head"]]
+    assert exact == sorted(exact, reverse=True)
+    assert r["exact_speedup"] > 0 and -1.0 <= r["spearman"] <= 1.0 and 0 <= r["top5"] <= 5
