@@ -125,12 +125,26 @@ def test_redundant_heads_are_named_by_their_joint_ablation(planted, monkeypatch)
     assert find_ga_heads(twin, examples, scan=scan, scores=[dict(r) for r in table], z=1.5, joint=False).aggregate == []
 
 
-def test_joint_drop_is_measured_only_on_the_scans_metric(planted):
+def test_joint_check_runs_on_the_scans_metric_and_leaves_the_model_as_it_was(planted):
+    from planted import PlantedModel
+
     from gather_aggregate.detect import _joint_drop
+    from gather_aggregate.protocol import count_hooks, param_checksum
+    from gather_aggregate.scan import naive_scan
+    from gather_aggregate.workflows import task_metric
 
     model, examples = planted
+    before = param_checksum(model)
     drop = _joint_drop(model, examples, [(1, 3), (0, 1)], {})
     assert drop is not None and math.isfinite(drop)
+    assert count_hooks(model) == 0 and param_checksum(model) == before
+    # the whole detector with a real scan of the same metric, on twin Aggregate heads that do not stand out alone:
+    # the joint forward runs, leaves no hook and edits no weight
+    twin = PlantedModel(model.tokenizer, [RULES[0], ["aggregate", "first_line", "aggregate", "self"]])
+    before = param_checksum(twin)
+    tokens, metric = task_metric(twin, examples)
+    assert "aggregate" in find_ga_heads(twin, examples, naive_scan(twin, tokens, metric), z=1.5).joint_drop
+    assert count_hooks(twin) == 0 and param_checksum(twin) == before
     # a scan whose clean metric this log-prob does not reproduce (other prompts or another metric): no joint check
     assert _joint_drop(model, examples, [(1, 3), (0, 1)], {"metric_clean": 123.0}) is None
 
