@@ -33,6 +33,7 @@ Aggregate heads and G→A pairs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,12 +203,17 @@ def gather_reading(table: Sequence[dict[str, Any]]) -> str:
     return "gather_segment" if _reads_segment(table, "gather", "gather_segment") else "gather"
 
 
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation of ``values`` (NaN counts as 0; sd 0 for fewer than two values)."""
+    t = torch.nan_to_num(torch.tensor(values, dtype=torch.float64), nan=0.0)
+    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
+
+
 def zscores(values: list[float]) -> list[float]:
     """Standard scores of ``values`` (NaN counts as 0; all 0 when they do not vary)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    t = torch.nan_to_num(t, nan=0.0)
-    sd = float(t.std()) if len(values) > 1 else 0.0
-    return [0.0 if sd == 0 else float((v - t.mean()) / sd) for v in t]
+    finite = [0.0 if math.isnan(v) else float(v) for v in values]
+    mean, sd = _mean_sd(finite)
+    return [0.0 if sd == 0 else (v - mean) / sd for v in finite]
 
 
 READINGS = ("summary", "segment", "auto")
@@ -245,26 +251,25 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     table = scores
     if reading == "segment" and "gather_segment" not in table[0]:
         raise InputError("reading='segment' needs gather_segment in the scores: pattern_scores(..., gather_any=True)")
-    col = {"gather": {"summary": "gather", "segment": "gather_segment", "auto": None}[reading] or gather_reading(table),
-           "aggregate": {"summary": "aggregate", "segment": "aggregate_segment",
-                         "auto": None}[reading] or aggregate_reading(table)}
+    if reading == "auto":
+        col = {"gather": gather_reading(table), "aggregate": aggregate_reading(table)}
+    else:
+        col = {role: role + ("_segment" if reading == "segment" else "") for role in ("gather", "aggregate")}
     drops = scan.scores() if scan is not None else None
     for role, name in col.items():
         for row, zz in zip(table, zscores([r[name] for r in table])):
             row[f"z_{role}"] = zz
-    drop_z: Any = None
+    drop_mean, drop_sd = 0.0, 0.0
     if drops is not None:
         values = [drops.get((r["layer"], r["head"]), 0.0) for r in table]
         for row, zz in zip(table, zscores(values)):
             row["ablation_drop"] = drops.get((row["layer"], row["head"]), float("nan"))
             row["z_ablation"] = zz
-        t = torch.tensor(values, dtype=torch.float64)
-        sd = float(t.std()) if len(values) > 1 else 0.0
-        drop_z = (float(t.mean()), sd)
+        drop_mean, drop_sd = _mean_sd(values)
     evidence: dict[Head, str] = {}
     joint_drop: dict[str, float] = {}
-    run_joint = (joint and drops is not None and drop_z[1] > 0
-                 and scan.meta.get("method", "zero") == "zero")
+    meta = getattr(scan, "meta", {}) or {}
+    run_joint = joint and drops is not None and drop_sd > 0 and meta.get("method", "zero") == "zero"
 
     def pick(role: str) -> list[Head]:
         cands = sorted((r for r in table if r[f"z_{role}"] >= z), key=lambda r: -r[f"z_{role}"])
@@ -274,11 +279,11 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
         named = [r for r in cands if r["z_ablation"] >= z]
         evidence.update({(r["layer"], r["head"]): "alone" for r in named})
         rest = [r for r in cands if r["z_ablation"] < z][:max_heads]
-        drop = (_joint_drop(model, examples, [(r["layer"], r["head"]) for r in rest], scan.meta)
+        drop = (_joint_drop(model, examples, [(r["layer"], r["head"]) for r in rest], meta)
                 if run_joint and len(rest) >= 2 else None)
         if drop is not None:
             joint_drop[role] = drop
-            if (drop - drop_z[0]) / drop_z[1] >= z:
+            if (drop - drop_mean) / drop_sd >= z:
                 named += rest
                 evidence.update({(r["layer"], r["head"]): "joint" for r in rest})
         named.sort(key=lambda r: -(r[f"z_{role}"] + r["z_ablation"]))
