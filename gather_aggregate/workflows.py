@@ -114,7 +114,7 @@ def run_detect(args: argparse.Namespace) -> int:
     else:
         tokens, metric = task_metric(model, examples)
         scan = exact_scan(model, tokens, metric, out=scan_file)
-    ga = find_ga_heads(model, examples, scan)
+    ga = find_ga_heads(model, examples, scan, z=args.z, reading=args.reading)
     write_table(ga.table, out / "detect.json", {"gather": ga.gather, "aggregate": ga.aggregate, "pairs": ga.pairs,
                                                  "reading": ga.reading, "joint_drop": ga.joint_drop})
     print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")

@@ -17,7 +17,8 @@ from gather_aggregate.cli import main
 def results(tiny_llama_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
     common = ["--model", str(tiny_llama_dir), "--task", "kv", "--n", "6", "--dict-size", "4", "--seed", "1"]
-    for cmd in (["eval"], ["scan"], ["detect"], ["ablate", "--heads", "1.0,1.2"], ["pattern", "--layer", "1"]):
+    for cmd in (["eval"], ["scan"], ["detect", "--z", "1.0", "--reading", "summary"], ["ablate", "--heads", "1.0,1.2"],
+                ["pattern", "--layer", "1"]):
         assert main([*cmd, *common, "--out", str(out / cmd[0])]) == 0
     return out
 
@@ -36,9 +37,8 @@ def test_scan_writes_a_ranked_table(results):
 
 def test_detect_and_ablate_and_pattern(results):
     det = json.loads((results / "detect" / "detect.json").read_text())
-    assert {"gather", "gather_segment", "aggregate", "aggregate_hit", "ablation_drop", "role", "evidence"} <= set(
-        det["rows"][0])
-    assert set(det["meta"]["reading"]) == {"gather", "aggregate"}
+    assert {"gather", "aggregate", "aggregate_hit", "ablation_drop", "role", "evidence"} <= set(det["rows"][0])
+    assert det["meta"]["reading"] == {"gather": "gather", "aggregate": "aggregate"}  # --reading summary
     assert all(r["evidence"] in ("alone", "joint") for r in det["rows"] if r["role"])
     abl = json.loads((results / "ablate" / "ablate.json").read_text())
     assert abl["heads"] == [[1, 0], [1, 2]] and "kv" in abl["clean"] and "kv" in abl["ablated"]
