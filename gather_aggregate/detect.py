@@ -241,8 +241,8 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     the candidates that do not stand out alone are ablated together, in one
     forward scored like the scan (zero ablation, the task's answer log-prob
     from :func:`gather_aggregate.workflows.task_metric` on ``examples``), and
-    all are named when that joint drop would stand out among the single-head
-    drops.  The joint check runs only for a zero-ablation scan whose clean
+    all are named when that joint drop is material and stands out from the
+    unimportant heads (:func:`joint_stands_out`).  The joint check runs only for a zero-ablation scan whose clean
     metric that log-prob reproduces (the same prompts and metric).  Within each
     role, heads are ordered by the sum of their z-scores; pairs join a Gather
     head to an Aggregate head in a later layer.
@@ -262,17 +262,16 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     for role, name in col.items():
         for row, zz in zip(table, zscores([r[name] for r in table])):
             row[f"z_{role}"] = zz
-    drop_mean, drop_sd = 0.0, 0.0
+    values: list[float] = []
     if drops is not None:
         values = [drops.get((r["layer"], r["head"]), 0.0) for r in table]
         for row, zz in zip(table, zscores(values)):
             row["ablation_drop"] = drops.get((row["layer"], row["head"]), float("nan"))
             row["z_ablation"] = zz
-        drop_mean, drop_sd = _mean_sd(values)
     evidence: dict[Head, str] = {}
     joint_drop: dict[str, float] = {}
     meta = getattr(scan, "meta", {}) or {}
-    run_joint = joint and drops is not None and drop_sd > 0 and meta.get("method", "zero") == "zero"
+    run_joint = joint and drops is not None and meta.get("method", "zero") == "zero"
 
     def pick(role: str) -> list[Head]:
         cands = sorted((r for r in table if r[f"z_{role}"] >= z), key=lambda r: -r[f"z_{role}"])
@@ -286,7 +285,7 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
                 if run_joint and len(rest) >= 2 else None)
         if drop is not None:
             joint_drop[role] = drop
-            if (drop - drop_mean) / drop_sd >= z:
+            if joint_stands_out(drop, values, z):
                 named += rest
                 evidence.update({(r["layer"], r["head"]): "joint" for r in rest})
         named.sort(key=lambda r: -(r[f"z_{role}"] + r["z_ablation"]))
@@ -300,6 +299,30 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     pairs = [(g, a) for a in aggregate for g in gather if g[0] < a[0]]
     return GAHeads(table, gather, aggregate, pairs, reading=col,
                    evidence={hd: evidence[hd] for hd in aggregate + gather}, joint_drop=joint_drop)
+
+
+def background(drops: Sequence[float], z: float, floor: float = 0.1) -> list[float]:
+    """The single-head drops of the unimportant heads: the largest drop is peeled off while it stands out
+    (z-score ≥ ``z``) against the drops still left and costs at least ``floor`` times the largest drop of all;
+    what is left is the background.  Peeling one head at a time keeps a second big head from inflating the spread,
+    and the floor stops it from peeling heads whose drops are noise."""
+    rest = sorted((0.0 if math.isnan(v) else float(v) for v in drops), reverse=True)
+    least = floor * max(rest[0], 0.0) if rest else 0.0
+    while len(rest) > 2:
+        mean, sd = _mean_sd(rest)
+        if sd == 0 or (rest[0] - mean) / sd < z or rest[0] < least:
+            break
+        rest = rest[1:]
+    return rest
+
+
+def joint_stands_out(drop: float, drops: Sequence[float], z: float, floor: float = 0.1) -> bool:
+    """Whether a joint drop names its heads: it is material (at least ``floor`` times the largest single-head drop)
+    and stands out (z ≥ ``z``) against the :func:`background` of ``drops``."""
+    if not drops or drop < floor * max(max(drops), 0.0):
+        return False
+    mean, sd = _mean_sd(background(drops, z, floor))
+    return drop > mean if sd == 0 else (drop - mean) / sd >= z
 
 
 def _joint_drop(model: Any, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any]) -> float | None:

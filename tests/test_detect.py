@@ -109,20 +109,40 @@ def test_redundant_heads_are_named_by_their_joint_ablation(planted, monkeypatch)
     model, examples = planted
     twin = PlantedModel(model.tokenizer, [RULES[0], ["aggregate", "first_line", "aggregate", "self"]])
     table = pattern_scores(twin, examples)
-    single = {(0, 1): 1.0, (1, 0): 0.05, (1, 2): 0.05}
+    single = {(0, 0): 0.2, (0, 1): 1.0, (0, 2): -0.1, (0, 3): 0.1, (1, 0): 0.05, (1, 2): 0.05, (1, 3): 0.15}
     scan = ScanResult([{"layer": r["layer"], "head": r["head"], "kind": "attn",
                         "score": single.get((r["layer"], r["head"]), 0.0)} for r in table])
     asked = []
-    for joint_drop, named in ((2.0, [(1, 0), (1, 2)]), (0.1, [])):
+    # background (every head but the standout (0, 1)): mean 0.06, sd 0.10.  0.6 stands out against it, though not
+    # against all single drops (mean 0.18, sd 0.35), which the standout head itself would inflate
+    for joint_drop, named in ((2.0, [(1, 0), (1, 2)]), (0.6, [(1, 0), (1, 2)]), (0.1, [])):
         monkeypatch.setattr(detect, "_joint_drop", lambda m, ex, heads, meta, d=joint_drop: asked.append(heads) or d)
         ga = find_ga_heads(twin, examples, scan=scan, scores=[dict(r) for r in table], z=1.5)
         assert ga.gather == [(0, 1)] and ga.evidence[(0, 1)] == "alone"
         assert sorted(ga.aggregate) == named and ga.joint_drop == {"aggregate": joint_drop}
         assert all(ga.evidence[hd] == "joint" for hd in named)
         assert sorted(ga.pairs) == [((0, 1), hd) for hd in named]
-    assert [sorted(h) for h in asked] == [[(1, 0), (1, 2)]] * 2
+    assert [sorted(h) for h in asked] == [[(1, 0), (1, 2)]] * 3
     # without the joint check only standout heads are named
     assert find_ga_heads(twin, examples, scan=scan, scores=[dict(r) for r in table], z=1.5, joint=False).aggregate == []
+
+
+def test_background_peels_big_heads_one_at_a_time_but_not_noise():
+    from gather_aggregate.detect import background, joint_stands_out
+
+    # bamba-ga's KV scan (96 prompts): two big heads, L0H0 and L0H4 (no G/A pattern), and a third at 0.58
+    bamba = [4.894, 3.008, 0.575, 0.375, 0.283, 0.059, 0.032, 0.024, 0.019, 0.016, 0.012, -0.015]
+    assert background(bamba, 1.5) == bamba[3:]
+    # its two attention Aggregate heads removed together cost 1.42 nats: far above the background, though a
+    # z-score over every head (inflated by L0H4, itself just under 1.5) would call it ordinary
+    every = torch.tensor(bamba, dtype=torch.float64)
+    assert joint_stands_out(1.42, bamba, 1.5) and (1.42 - float(every.mean())) / float(every.std()) < 1.5
+    # llama-kvmc's (32 prompts): one big head, the rest noise that the floor keeps from being peeled off
+    kvmc = [8.734, 0.012, 0.004, 0.003, 0.002, 0.001, 0.001, 0.0, 0.0, 0.0, 0.0, -0.0, -0.0, -0.0, -0.0, -0.0]
+    assert background(kvmc, 1.5) == kvmc[1:]
+    assert joint_stands_out(6.74, kvmc, 1.5)
+    assert not joint_stands_out(0.05, kvmc, 1.5)  # beyond the noise, but immaterial: < a tenth of the top drop
+    assert not joint_stands_out(0.5, [0.6, 0.55, 0.5, 0.45, 0.4], 1.5)  # what a typical head costs alone
 
 
 def test_joint_check_runs_on_the_scans_metric_and_leaves_the_model_as_it_was(planted):

@@ -149,6 +149,20 @@ def test_detector_finds_the_transformers_gather_and_aggregate_pairs_on_kv(measur
     assert pairs == sorted((tuple(an["gather"][0]), tuple(a)) for a in an["aggregate"]), an["pairs"]
 
 
+def test_detector_finds_the_hybrids_ssm_gather_and_attention_aggregate_heads_on_kv(measured):
+    """In the hybrid the detector, from the KV scan and pattern scores alone, names an SSM Gather head (the scan's
+    top head, its drop standing out alone) and attention Aggregate heads in a later layer (named together: each
+    alone costs less), so every G→A pair runs from the SSM layer to the attention layer: attention takes the
+    Aggregate role, as the paper reports for hybrids."""
+    r = measured["bamba-ga"]
+    an, kind = r["by_task"]["kv"], r["layer_kinds"]
+    evidence = {(la, h): ev for la, h, ev in an["evidence"]}
+    assert an["gather"][:1] == [an["scan_top"][0]] and evidence[tuple(an["gather"][0])] == "alone", an
+    assert all(kind[g[0]] == "ssm" for g in an["gather"]) and an["aggregate"], an
+    assert all(kind[a[0]] == "attn" and evidence[tuple(a)] == "joint" for a in an["aggregate"]), an
+    assert an["pairs"] and all(kind[g[0]] == "ssm" and kind[a[0]] == "attn" and g[0] < a[0] for g, a in an["pairs"])
+
+
 def test_a_knowledge_without_retrieval_and_attention_retrieval_in_the_hybrid(measured):
     llama, hybrid = measured["llama-ga"], measured["bamba-ga"]
     # the negative control: knowledge formats are solved with no retrieval at all (the paper's dissociation)

@@ -222,7 +222,8 @@ def measure_model(name: str, model_dir: Path, *, n: int = 96, seed: int = 0,
     model = load_model(model_dir)
     sets = task_sets(model, model_dir, n, seed)
     clean = accuracies(model, sets)
-    return {"name": name, "kinds": sorted({info.kind for info in model.layers}), "n": n, "clean": clean,
+    return {"name": name, "kinds": sorted({info.kind for info in model.layers}),
+            "layer_kinds": [info.kind for info in model.layers], "n": n, "clean": clean,
             "chance": chance(sets), "kv_by_size": kv_by_size(model, model_dir, kv_sizes, n, seed),
             "by_task": {t: retrieval_analysis(model, sets, clean, t, ks=ks, z=z) for t in RETRIEVAL}}
 
