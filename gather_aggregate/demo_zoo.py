@@ -95,9 +95,7 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
 
     # report + summary -----------------------------------------------------------------------
     summary = {"models": list(models), "n_prompts": n, "scan_task": task, "accuracy": acc, "chance": chance,
-               "ga_heads": {m: {"gather": g.gather, "aggregate": g.aggregate, "pairs": g.pairs, "reading": g.reading,
-                                "evidence": [[*hd, ev] for hd, ev in g.evidence.items()], "joint_drop": g.joint_drop}
-                            for m, g in ga.items()},
+               "ga_heads": {m: g.summary() for m, g in ga.items()},
                "top_scan_heads": {m: s.top(4) for m, s in scans.items()},
                "cumulative_ablation": cumulative,
                "aggregate_row_entropy": {m: s["mean_entropy"] for m, s in sharp.items()},

@@ -171,6 +171,13 @@ class GAHeads:
     evidence: dict[Head, str] = field(default_factory=dict)
     joint_drop: dict[str, float] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """The named heads, JSON-ready: ``gather``, ``aggregate`` and ``pairs`` as lists, ``reading``,
+        ``evidence`` as ``[layer, head, why]`` rows and ``joint_drop``."""
+        return {"gather": [list(h) for h in self.gather], "aggregate": [list(h) for h in self.aggregate],
+                "pairs": [[list(g), list(a)] for g, a in self.pairs], "reading": dict(self.reading),
+                "evidence": [[*hd, why] for hd, why in self.evidence.items()], "joint_drop": dict(self.joint_drop)}
+
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once)."""
         out: list[Head] = []

@@ -115,8 +115,7 @@ def run_detect(args: argparse.Namespace) -> int:
         tokens, metric = task_metric(model, examples)
         scan = exact_scan(model, tokens, metric, out=scan_file)
     ga = find_ga_heads(model, examples, scan, z=args.z, reading=args.reading)
-    write_table(ga.table, out / "detect.json", {"gather": ga.gather, "aggregate": ga.aggregate, "pairs": ga.pairs,
-                                                 "reading": ga.reading, "joint_drop": ga.joint_drop})
+    write_table(ga.table, out / "detect.json", ga.summary())
     print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
     print(f"read by: {ga.reading['gather']} / {ga.reading['aggregate']}; evidence: "
           + (", ".join(f"L{la}H{h} {ev}" for (la, h), ev in ga.evidence.items()) or "none"))

@@ -199,11 +199,7 @@ def retrieval_analysis(model: Any, sets: Mapping[str, Sequence[Any]], clean: Map
     agg_row = aggregate_entropy(model, sets[task][:32], ga)
     same_head = (top_seg["layer"], top_seg["head"]) == (top_agg["layer"], top_agg["head"])
     seg_row = agg_row if same_head else aggregate_entropy(model, sets[task][:32], ga, score="aggregate_segment")
-    return {"scan_top": [list(h) for h in scan.top(4)], "gather": [list(h) for h in ga.gather],
-            "aggregate": [list(h) for h in ga.aggregate], "reading": dict(ga.reading),
-            "pairs": [[list(g), list(a)] for g, a in ga.pairs],
-            "evidence": [[*hd, ev] for hd, ev in ga.evidence.items()], "joint_drop": dict(ga.joint_drop),
-            "bottleneck": b,
+    return {"scan_top": [list(h) for h in scan.top(4)], **ga.summary(), "bottleneck": b,
             "random_baseline": random_baseline(model, k_b, sets, exclude=[tuple(h) for h in b["flagged"]]),
             "max_single_head_drop": max(r["drop"] for r in single), "single_head": single,
             "aggregate_row": agg_row,
@@ -269,7 +265,8 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
         out += ["", f"### Heads, scanned and detected on {task}", "",
                 f"**The G&A detector on the {task} scan** (`find_ga_heads`, z >= 1.5): each named head with its "
                 "evidence (`alone`: its own ablation drop stands out; `joint`: the role's redundant candidates, "
-                "removed together, cost what a standout head costs), the score each role was read by, the joint "
+                "removed together, cost a material amount that stands out from the unimportant heads), the score "
+                "each role was read by, the joint "
                 "drop (answer log-prob, nats) where one was measured, and the G→A pairs", ""]
         out.append(_md_table(["model", "Gather heads", "Aggregate heads", "read by", "joint drop", "G→A pairs"],
                              [[m, *_named_heads(by[m])] for m in names if "evidence" in by[m]]))
