@@ -93,7 +93,13 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     assert summary["models"] == [name] and summary["scan_task"] in ("kv", "letter-mc")
     assert set(summary["accuracy"][name]) == {"kv", "letter-mc", "content-mc", "knowledge"}
     assert [r["k"] for r in summary["cumulative_ablation"][name]] == [0, 1, 2, 4]
+    ga = summary["ga_heads"][name]
+    assert set(ga) == {"gather", "aggregate", "pairs", "reading", "evidence", "joint_drop"}
+    why = {(la, h): ev for la, h, ev in ga["evidence"]}
+    assert {tuple(hd) for hd in ga["gather"] + ga["aggregate"]} == set(why) and set(why.values()) <= {"alone", "joint"}
+    assert all(g[0] < a[0] for g, a in ga["pairs"])
     html = (tmp_path / "report.html").read_text()
+    assert "G→A pairs" in html
     assert "<html" in html.lower() and name in html and '<script src="http' not in html  # self-contained
     assert (tmp_path / f"scan_{name}.json").is_file()
     assert "accuracy (chance" in capsys.readouterr().out
