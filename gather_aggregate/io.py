@@ -19,18 +19,28 @@ from typing import Any
 from gather_aggregate.errors import InputError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to a temporary file next to ``path``, then ``os.replace`` it into place.  The file gets the
+    permissions a plain ``open`` would give it (``mkstemp`` makes 0600; results are meant to be shared)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise InputError(f"cannot write {str(path)!r} ({exc.strerror}); choose a writable output directory") from None
+        raise InputError(f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable output "
+                         "directory (e.g. --out /tmp/ga_out)") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

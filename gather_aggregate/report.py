@@ -24,18 +24,17 @@ table of contents) and, except ``Markdown``/``Text``, a ``caption``.  A
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import html
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.io import atomic_write_text
 
 
 # --------------------------------------------------------------------------- section types
@@ -377,25 +376,3 @@ def write_report(
         raise InputError(f"report path {str(path)!r} is a directory; pass a file path such as {str(path / 'report.html')!r}")
     text = render_report(title, sections, meta=meta)  # render first: a bad section never touches the disk
     return atomic_write_text(path, text)
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file next to ``path``, then ``os.replace`` it into place."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise InputError(f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable output "
-                         "directory (e.g. --out /tmp/ga_out)") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path

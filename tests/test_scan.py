@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -239,6 +241,11 @@ def test_interrupted_scan_resumes(setup, tmp_path):
     assert resumed.meta["complete"] is True
     assert {k: pytest.approx(v, abs=1e-6) for k, v in resumed.scores().items()} == full.scores()
     assert ScanResult.load(out).scores() == resumed.scores()
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (out, out.with_suffix(".csv")):  # shareable like any written file, not mkstemp's 0600
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scan.csv", "scan.json"]  # no temporary file left
     with pytest.raises(errors.ResumeMismatchError, match="task"):
         exact_scan(model, tokens[:, :10], metric, out=out, resume=True, progress=False)
 

@@ -109,7 +109,9 @@ def test_write_is_atomic_and_keeps_the_old_report_on_failure(tmp_path, parts, mo
     R.write_report(path, title="first", sections=["one"])
     before = path.read_text()
     mode = stat.S_IMODE(os.stat(path).st_mode)
-    assert mode == 0o644
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # what a plain open() gives (0o644 under the usual umask), not mkstemp's 0600
     # a bad section fails before anything is written
     with pytest.raises(InputError, match="cannot put a set"):
         R.write_report(path, title="second", sections=["two", {1, 2}])

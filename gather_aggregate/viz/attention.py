@@ -104,7 +104,7 @@ class AttentionView:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_html` to ``path`` atomically."""
-        from gather_aggregate.report import atomic_write_text
+        from gather_aggregate.io import atomic_write_text
 
         return atomic_write_text(Path(path), self.to_html())
 
