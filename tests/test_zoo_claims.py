@@ -135,8 +135,8 @@ def test_b_transformer_letter_mc_aggregate_heads_are_a_bottleneck_that_spares_kn
 def test_detector_finds_the_transformers_gather_and_aggregate_pairs_on_kv(measured):
     """The detector, from the KV scan and pattern scores alone, names the paper's circuit in ``llama-kvmc``: the
     scan's top head as the Gather head (its drop stands out alone), and redundant Aggregate heads in a later layer
-    that each cost at most 5 points of KV alone but, removed together, cost what a standout head costs (the joint
-    check); every Gather head pairs with every later Aggregate head."""
+    that each cost at most 5 points of KV alone but, removed together, cost a material amount that stands out from
+    the unimportant heads (the joint check); every Gather head pairs with every later Aggregate head."""
     r = measured["llama-kvmc"]
     an = r["by_task"]["kv"]
     evidence = {(la, h): ev for la, h, ev in an["evidence"]}
@@ -357,12 +357,12 @@ def test_c_against_the_transformer_of_claim_a(measured):
     its KV rests on one head where no single Mamba-2 head matters much; and both Mamba-2 models lose more KV
     accuracy from 2 to 48 pairs."""
     tf = measured["llama-kvmc"]
-    for ssm_name, task, margin in (("mamba2-ga", "kv", 1.0), ("mamba2-mc", "letter-mc", 1.0)):
+    for ssm_name, task in (("mamba2-ga", "kv"), ("mamba2-mc", "letter-mc")):
         ssm, ref = measured[ssm_name]["by_task"][task], tf["by_task"][task]
         seg = ref["top_segment_aggregate"]
         assert seg["kind"] == "attn" and seg["aggregate_segment"] >= 0.5, (task, seg)
         for row in ("aggregate_row", "segment_aggregate_row"):
-            assert ssm[row]["entropy"] > ref["segment_aggregate_row"]["entropy"] + margin, (
+            assert ssm[row]["entropy"] > ref["segment_aggregate_row"]["entropy"] + 1.0, (
                 task, ssm[row], ref["segment_aggregate_row"])
             assert ssm[row]["top1_mass"] < ref["segment_aggregate_row"]["top1_mass"], (
                 task, ssm[row], ref["segment_aggregate_row"])
