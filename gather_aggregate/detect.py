@@ -159,7 +159,8 @@ class GAHeads:
     ``evidence`` says, per named head, why the ablation scan confirms it:
     ``"pattern"`` (no scan given), ``"alone"`` (its own drop stands out) or
     ``"joint"`` (it is one of the role's pattern candidates that, removed
-    together, cost what a standout head costs; see :func:`find_ga_heads`);
+    together, cost a material amount that stands out from the unimportant
+    heads; see :func:`find_ga_heads`);
     ``joint_drop`` holds each role's joint drop where one was measured.
     """
 
@@ -249,8 +250,9 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     forward scored like the scan (zero ablation, the task's answer log-prob
     from :func:`gather_aggregate.workflows.task_metric` on ``examples``), and
     all are named when that joint drop is material and stands out from the
-    unimportant heads (:func:`joint_stands_out`).  The joint check runs only for a zero-ablation scan whose clean
-    metric that log-prob reproduces (the same prompts and metric).  Within each
+    unimportant heads (:func:`joint_stands_out`).  The joint check runs only
+    for a zero-ablation scan whose clean metric that log-prob reproduces (the
+    same prompts and metric).  Within each
     role, heads are ordered by the sum of their z-scores; pairs join a Gather
     head to an Aggregate head in a later layer.
     """
@@ -279,6 +281,7 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     joint_drop: dict[str, float] = {}
     meta = getattr(scan, "meta", {}) or {}
     run_joint = joint and drops is not None and meta.get("method", "zero") == "zero"
+    reference: dict[str, Any] = {}  # the joint check's prompts, metric and clean value, made once for both roles
 
     def pick(role: str) -> list[Head]:
         cands = sorted((r for r in table if r[f"z_{role}"] >= z), key=lambda r: -r[f"z_{role}"])
@@ -288,7 +291,7 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
         named = [r for r in cands if r["z_ablation"] >= z]
         evidence.update({(r["layer"], r["head"]): "alone" for r in named})
         rest = [r for r in cands if r["z_ablation"] < z][:max_heads]
-        drop = (_joint_drop(model, examples, [(r["layer"], r["head"]) for r in rest], meta)
+        drop = (_joint_drop(model, examples, [(r["layer"], r["head"]) for r in rest], meta, reference)
                 if run_joint and len(rest) >= 2 else None)
         if drop is not None:
             joint_drop[role] = drop
@@ -332,17 +335,21 @@ def joint_stands_out(drop: float, drops: Sequence[float], z: float, floor: float
     return drop > mean if sd == 0 else (drop - mean) / sd >= z
 
 
-def _joint_drop(model: Any, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any]) -> float | None:
+def _joint_drop(model: Any, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any],
+                reference: dict[str, Any] | None = None) -> float | None:
     """The drop of the task's answer log-prob (the scans' metric) when ``heads`` are zero-ablated together; ``None``
-    when that metric's clean value is not the scan's (``meta["metric_clean"]``: other prompts or another metric)."""
+    when that metric's clean value is not the scan's (``meta["metric_clean"]``: other prompts or another metric).
+    ``reference`` keeps the prompts, metric and clean value between calls on the same examples."""
     from gather_aggregate.interventions import ablation_hooks, make_replacement
     from gather_aggregate.workflows import task_metric
 
-    tokens, metric = task_metric(model, list(examples))
-    hooks = ablation_hooks(model, list(heads), make_replacement(model, list(heads), "zero"))
+    ref = reference if reference is not None else {}
     with torch.no_grad():
-        clean = float(metric(model(tokens)))
-        want = meta.get("metric_clean")
+        if not ref:
+            tokens, metric = task_metric(model, list(examples))
+            ref.update(tokens=tokens, metric=metric, clean=float(metric(model(tokens))))
+        clean, want = ref["clean"], meta.get("metric_clean")
         if want is not None and abs(clean - float(want)) > 1e-4 * (1 + abs(clean)):
             return None
-        return clean - float(metric(model.run_with_hooks(tokens, fwd_hooks=hooks)))
+        hooks = ablation_hooks(model, list(heads), make_replacement(model, list(heads), "zero"))
+        return clean - float(ref["metric"](model.run_with_hooks(ref["tokens"], fwd_hooks=hooks)))

@@ -116,7 +116,7 @@ def test_redundant_heads_are_named_by_their_joint_ablation(planted, monkeypatch)
     # background (every head but the standout (0, 1)): mean 0.06, sd 0.10.  0.6 stands out against it, though not
     # against all single drops (mean 0.18, sd 0.35), which the standout head itself would inflate
     for joint_drop, named in ((2.0, [(1, 0), (1, 2)]), (0.6, [(1, 0), (1, 2)]), (0.1, [])):
-        monkeypatch.setattr(detect, "_joint_drop", lambda m, ex, heads, meta, d=joint_drop: asked.append(heads) or d)
+        monkeypatch.setattr(detect, "_joint_drop", lambda m, ex, heads, meta, ref, d=joint_drop: asked.append(heads) or d)
         ga = find_ga_heads(twin, examples, scan=scan, scores=[dict(r) for r in table], z=1.5)
         assert ga.gather == [(0, 1)] and ga.evidence[(0, 1)] == "alone"
         assert sorted(ga.aggregate) == named and ga.joint_drop == {"aggregate": joint_drop}
