@@ -135,7 +135,7 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
             "naive_s": t_naive, "exact_s": t_exact, "atp_s": t_atp, "full_s": t_full,
             "exact_speedup": t_naive / t_exact, "full_speedup": t_naive / t_full, "max_abs_diff": diff,
             "atp_speedup_vs_exact": t_exact / t_atp, "spearman": cmp["spearman"], "top5": cmp["top5_overlap"],
-            "per_head": [(hd, exact.score(*hd), atp.score(*hd)) for hd, _ in
+            "per_head": [(hd, score, atp.score(*hd)) for hd, score in
                          sorted(exact.scores().items(), key=lambda t: -t[1])]}
 
 
