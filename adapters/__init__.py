@@ -15,10 +15,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gather_aggregate.adapters.families import HYBRID_FAMILIES
+
 #: HF ``model_type`` values served by :func:`load_ssm`.
 SSM_MODEL_TYPES: tuple[str, ...] = ("mamba", "falcon_mamba", "mamba2")
-#: HF ``model_type`` values of hybrids (attention + SSM layers); :func:`load_ssm` hands them to ``load_hybrid``.
-HYBRID_MODEL_TYPES: tuple[str, ...] = ("bamba", "jamba", "zamba2")
+#: HF ``model_type`` values of hybrids (attention + SSM layers), one per module of :mod:`.families`;
+#: :func:`load_ssm` hands them to ``load_hybrid``.
+HYBRID_MODEL_TYPES: tuple[str, ...] = tuple(HYBRID_FAMILIES)
 
 _LAZY = {
     "load_ssm": "gather_aggregate.adapters.convert",
@@ -28,7 +31,7 @@ _LAZY = {
     "SSMConfig": "gather_aggregate.adapters.config",
     "mask_heads": "gather_aggregate.adapters.masking",
     "HookedHybrid": "gather_aggregate.adapters.hybrid",
-    "load_hybrid": "gather_aggregate.adapters.hybrid",
+    "load_hybrid": "gather_aggregate.adapters.hybrid_convert",
     "mamba1_implied_attention": "gather_aggregate.adapters.implied",
     "mamba2_implied_attention": "gather_aggregate.adapters.implied",
 }

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gather_aggregate.adapters.checkpoint import fill_model, key_problems, raw_config, read_state_dict
 from gather_aggregate.adapters.config import (
     SSMConfig,
     config_from_hf,
@@ -109,28 +110,6 @@ def _ckpt_names(ours: list[str]) -> list[str]:
     return names
 
 
-def _listing(items: list[str], limit: int = 12) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
-def key_problems(missing: list[str], shaped: list[str], unexpected: list[str]) -> str:
-    """``missing keys (n): ...; mis-shaped keys (n): ...; unexpected keys (n): ...`` (empty groups left out)."""
-    groups = (("missing", missing), ("mis-shaped", shaped), ("unexpected", unexpected))
-    return "; ".join(f"{what} keys ({len(keys)}): {_listing(keys)}" for what, keys in groups if keys)
-
-
-def fill_model(model: Any, converted: dict[str, Tensor], *, device: Any = None, dtype: torch.dtype | None = None) -> Any:
-    """Materialise a model built on the meta device with copies of ``converted`` (fp32 unless ``dtype``)."""
-    model = model.to_empty(device=device or "cpu")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(converted[name].to(device=p.device))
-    model = model.to(dtype=dtype or torch.float32)
-    model.setup()
-    return model.eval()
-
-
 def build_model(cfg: SSMConfig, state_dict: dict[str, Tensor], *, device: Any = None,
                 dtype: torch.dtype | None = None) -> HookedSSM:
     """A ``HookedSSM`` holding copies of the checkpoint's tensors (the source is never modified)."""
@@ -139,51 +118,11 @@ def build_model(cfg: SSMConfig, state_dict: dict[str, Tensor], *, device: Any = 
     return fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype)
 
 
-# ---------------------------------------------------------------------------- files
-def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
-    """All tensors of a checkpoint directory (safetensors, sharded safetensors, or pytorch_model.bin)."""
-    d = Path(directory)
-    files: list[Path] = []
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (d / index).is_file():
-            shards = sorted(set(json.loads((d / index).read_text())["weight_map"].values()))
-            files = [d / s for s in shards]
-            break
-    if not files:
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            if (d / single).is_file():
-                files = [d / single]
-                break
-    if not files:
-        raise ModelLoadError(
-            f"no weights in {str(d)!r} (looked for model.safetensors, pytorch_model.bin and their .index.json); "
-            "save the model with model.save_pretrained(dir) or torch.save(model.state_dict(), dir/'pytorch_model.bin')"
-        )
-    out: dict[str, Tensor] = {}
-    for f in files:
-        if not f.is_file():
-            raise ModelLoadError(f"checkpoint shard {str(f)!r} listed in the index is missing; re-download it")
-        if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            out.update(load_file(str(f)))
-        else:
-            out.update(torch.load(str(f), map_location="cpu", weights_only=True))
-    return out
-
-
-def _raw_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise ModelLoadError(f"{str(directory)!r} has no config.json; save the model there with save_pretrained")
-    return json.loads(path.read_text())
-
-
 def is_mamba_ssm_dir(path: str | Path) -> bool:
     """True for a directory holding an original mamba-ssm checkpoint (config.json without ``model_type``)."""
     p = Path(path)
     try:
-        return p.is_dir() and is_mamba_ssm_config(_raw_config(p))
+        return p.is_dir() and is_mamba_ssm_config(raw_config(p))
     except (ModelLoadError, json.JSONDecodeError):
         return False
 
@@ -204,7 +143,7 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
         head_size: Mamba-1 only: channels per head (default 1, the paper's
             convention); must divide ``d_inner``.
     """
-    from gather_aggregate.adapters.hybrid import hybrid_model_type, load_hybrid
+    from gather_aggregate.adapters.hybrid_convert import hybrid_model_type, load_hybrid
 
     if hybrid_model_type(path_or_hf_model, config) is not None:  # attention + SSM layers: HookedHybrid
         extra = {} if head_size is None else {"head_size": head_size}
@@ -225,7 +164,7 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
     if not directory.is_dir():
         raise ModelLoadError(f"{str(directory)!r} is not a directory; pass the folder that holds config.json")
     if config is None or isinstance(config, dict):
-        raw = config if isinstance(config, dict) else _raw_config(directory)
+        raw = config if isinstance(config, dict) else raw_config(directory)
         if is_mamba_ssm_config(raw):
             sd = read_state_dict(directory)
             cfg = config_from_mamba_ssm(raw, {k: tuple(v.shape) for k, v in sd.items()}, head_size=head_size)

@@ -7,7 +7,8 @@ restricts what the chosen heads may read:
   recomputed as ``y_h = (α_h ⊙ M) @ x_h + D_h ∘ x_h`` (evaluated as
   ``y_h - (α_h ⊙ (1 - M)) @ x_h``, the same quantity) from the same forward's
   ``hook_dt/B/C/x`` (α is the implied attention of
-  :mod:`gather_aggregate.adapters.implied`) and written into ``hook_y``; it
+  :mod:`gather_aggregate.adapters.implied`; the layer's mixer computes it, see
+  :class:`~gather_aggregate.adapters.mixers.SSMMixer`) and written into ``hook_y``; it
   then flows through the gating, the gated norm (Mamba-2) and ``out_proj`` as
   usual.  The ``D ∘ x`` skip term is a position's own input and is never masked.
 * **Attention heads**: the softmax pattern ``blocks.{L}.attn.hook_pattern`` of
@@ -35,7 +36,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
@@ -72,45 +72,6 @@ def _fit(mask: Tensor, act: Tensor, batch: int, L: int, hook_name: str) -> Tenso
             f"{L} positions; build the mask from the same tokens you run"
         )
     return mask.to(device=act.device)
-
-
-def masked_ssm_output(
-    y: Float[Tensor, "batch pos d_inner"],
-    x: Float[Tensor, "batch pos d_inner"],
-    dt: Tensor,
-    B: Tensor,
-    C: Tensor,
-    params: Any,
-    heads: list[int],
-    masks: Float[Tensor, "batch n_heads query key"],
-    max_bytes: int,
-) -> Float[Tensor, "batch pos d_inner"]:
-    """``y`` with the listed heads replaced by ``(α_h ⊙ M_h) @ x_h + D_h ∘ x_h``.
-
-    Computed as ``y_h - (α_h ⊙ (1 - M_h)) @ x_h``: the same quantity (because
-    ``y_h = α_h @ x_h + D_h ∘ x_h``), but an all-ones mask returns ``y``
-    bit for bit and the kept part keeps the scan's exact value.
-    """
-    from gather_aggregate.adapters import implied
-
-    b, L, _ = y.shape
-    out = y.clone()
-    removed = 1.0 - masks
-    if params.family == "mamba2":
-        P = params.d_head
-        alpha = implied.mamba2_implied_attention(dt, params.A.to(dt.device), B, C, heads=heads, max_bytes=max_bytes)
-        xh = x.float().view(b, L, params.n_heads, P)[:, :, heads]  # [b, L, k, P]
-        cut = torch.einsum("bkts,bskp->btkp", alpha * removed, xh)
-        for j, h in enumerate(heads):
-            out[:, :, h * P:(h + 1) * P] = out[:, :, h * P:(h + 1) * P] - cut[:, :, j].to(out.dtype)
-        return out
-    hs = params.d_head
-    channels = [h * hs + c for h in heads for c in range(hs)]
-    alpha = implied.mamba1_implied_attention(dt, params.A.to(dt.device), B, C, heads=channels, head_size=1,
-                                             max_bytes=max_bytes)  # [b, n_ch, L, L]
-    cut = torch.einsum("bcts,bsc->btc", alpha * removed.repeat_interleave(hs, 1), x.float()[:, :, channels])
-    out[:, :, channels] = out[:, :, channels] - cut.to(out.dtype)
-    return out
 
 
 @contextlib.contextmanager
@@ -165,9 +126,8 @@ def _ssm_hook(model: Any, layer: int, store: dict[str, Tensor], mask: Tensor, he
     def hook(y: Tensor, hook: Any) -> Tensor:
         b, L, _ = y.shape
         masks = _fit(mask, y, b, L, hook.name)[:, idx].float()
-        params = model.ssm_layer_params(layer)
-        return masked_ssm_output(y, store["hook_x"], store["hook_dt"], store["hook_B"], store["hook_C"], params,
-                                 heads, masks, budget)
+        return model.ssm_mixer(layer).masked_output(y, store["hook_x"], store["hook_dt"], store["hook_B"],
+                                                    store["hook_C"], heads, masks, budget)
 
     return hook
 

@@ -22,6 +22,8 @@ hook               Mamba-1                                      Mamba-2
 
 from __future__ import annotations
 
+from typing import Any, Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
@@ -64,10 +66,35 @@ def causal_conv(x: Float[Tensor, "batch pos ch"], weight: Tensor, bias: Tensor |
     return out[..., :L].transpose(1, 2)
 
 
+@runtime_checkable
+class SSMMixer(Protocol):
+    """What analyses ask of an SSM layer's mixer, whatever its family: its implied attention, and its output
+    with some heads' implied attention masked.  Each family's mixer answers with its own math (the
+    Mamba-1 and Mamba-2 modules of implied attention), so no caller branches on the family.  (The idea of
+    TransformerLens 4.3's ``SSMMixerProtocol``, for our own hooked mixers.)"""
+
+    cfg: SSMConfig
+
+    def implied_attention(self, dt: Tensor, B: Tensor, C: Tensor, *, heads: list[int], rows: Tensor | None,
+                          max_bytes: int, **kwargs: Any) -> Tensor:
+        """``[batch, head, query, key]`` from the layer's ``hook_dt/B/C`` (see :mod:`.implied`)."""
+        ...
+
+    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
+                      masks: Tensor, max_bytes: int) -> Tensor:
+        """``hook_y`` with ``heads`` reading through ``masks`` ``[batch, len(heads), query, key]``."""
+        ...
+
+
 class _MixerBase(nn.Module):
     cfg: SSMConfig
+    A_log: nn.Parameter
     #: "auto" (kernel when possible, else chunked), "chunked", "sequential" (exposes hook_state), "kernel"
     scan_impl: str = "auto"
+
+    def A(self) -> Tensor:
+        """``-exp(A_log)`` in fp32, detached: Mamba-1 ``[d_inner, d_state]``, Mamba-2 ``[n_heads]``."""
+        return -torch.exp(self.A_log.detach().float())
 
     def _hooks(self) -> None:
         for name in ("conv_in", "conv_out", "gate", "x", "dt", "B", "C", "y", "gated", "head_out", "state"):
@@ -128,6 +155,19 @@ class Mamba1Mixer(_MixerBase):
         gated = self.hook_gated(y * F.silu(z.float()))
         heads = self.hook_head_out(gated.to(u.dtype).view(b, L, cfg.n_heads, cfg.d_head))
         return self.out_proj(heads.reshape(b, L, cfg.d_inner))
+
+    def implied_attention(self, dt: Tensor, B: Tensor, C: Tensor, *, heads: list[int], rows: Tensor | None,
+                          max_bytes: int, **kwargs: Any) -> Tensor:
+        from gather_aggregate.adapters.implied_mamba1 import mamba1_implied_attention
+
+        return mamba1_implied_attention(dt, self.A(), B, C, heads=heads, head_size=self.cfg.d_head, rows=rows,
+                                        max_bytes=max_bytes, **kwargs)
+
+    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
+                      masks: Tensor, max_bytes: int) -> Tensor:
+        from gather_aggregate.adapters.implied_mamba1 import mamba1_masked_output
+
+        return mamba1_masked_output(y, x, dt, B, C, self.A().to(dt.device), self.cfg.d_head, heads, masks, max_bytes)
 
 
 class GatedRMSNorm(nn.Module):
@@ -191,10 +231,27 @@ class Mamba2Mixer(_MixerBase):
         heads = self.hook_head_out(self.norm(gated).to(u.dtype).view(b, L, H, P))
         return self.out_proj(heads.reshape(b, L, cfg.d_inner))
 
+    def implied_attention(self, dt: Tensor, B: Tensor, C: Tensor, *, heads: list[int], rows: Tensor | None,
+                          max_bytes: int, **kwargs: Any) -> Tensor:
+        from gather_aggregate.adapters.implied_mamba2 import mamba2_implied_attention
+
+        if "reduce" in kwargs:
+            raise InputError("reduce= applies to Mamba-1 channel groups; Mamba-2 heads are already scalar-decay heads")
+        return mamba2_implied_attention(dt, self.A(), B, C, heads=heads, rows=rows, max_bytes=max_bytes, **kwargs)
+
+    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
+                      masks: Tensor, max_bytes: int) -> Tensor:
+        from gather_aggregate.adapters.implied_mamba2 import mamba2_masked_output
+
+        return mamba2_masked_output(y, x, dt, B, C, self.A().to(dt.device), self.cfg.d_head, heads, masks, max_bytes)
+
+
+#: The mixer class of each SSM family (``cfg.family``).
+MIXERS: dict[str, type[_MixerBase]] = {"mamba1": Mamba1Mixer, "mamba2": Mamba2Mixer}
+
 
 def make_mixer(cfg: SSMConfig) -> _MixerBase:
-    if cfg.family == "mamba1":
-        return Mamba1Mixer(cfg)
-    if cfg.family == "mamba2":
-        return Mamba2Mixer(cfg)
-    raise InputError(f"unknown SSM family {cfg.family!r}")
+    """The mixer of ``cfg.family`` (a key of :data:`MIXERS`)."""
+    if cfg.family not in MIXERS:
+        raise InputError(f"unknown SSM family {cfg.family!r}; known: {', '.join(MIXERS)}")
+    return MIXERS[cfg.family](cfg)

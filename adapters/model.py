@@ -27,7 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.adapters.config import SSMConfig
-from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, make_mixer
 from gather_aggregate.errors import InputError, NonFiniteError
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, resolve_rows
 
@@ -136,9 +136,13 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         for blk in self.blocks:
             blk.ssm.scan_impl = value
 
+    def ssm_mixer(self, layer: int) -> SSMMixer:
+        """The mixer of SSM layer ``layer`` (what implied attention and masking ask; see :class:`SSMMixer`)."""
+        mixer: SSMMixer = self.blocks[self.check_layer(layer).index].ssm
+        return mixer
+
     def ssm_layer_params(self, layer: int) -> SSMParams:
-        info = self.check_layer(layer)
-        m = self.blocks[info.index].ssm
+        m = self.ssm_mixer(layer)
         return SSMParams(self.cfg.family, -torch.exp(m.A_log.detach().float()), m.D.detach().float(),
                          self.cfg.n_heads, self.cfg.d_head, self.cfg.n_groups)
 
@@ -248,8 +252,6 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
 
     # ---- implied attention ---------------------------------------------------
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
-        from gather_aggregate.adapters import implied
-
         L = info.index
         names = [f"blocks.{L}.ssm.hook_{n}" for n in ("dt", "B", "C")]
         if isinstance(tokens_or_cache, (ActivationCache, dict)):
@@ -265,15 +267,8 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
             dt, B, C = (cache[n] for n in names)
         dt, B, C = (t.to(self.device) for t in (dt, B, C))
         row_idx = resolve_rows(rows, dt.shape[0], dt.shape[1], dt.device)
-        params = self.ssm_layer_params(L)
         budget = kwargs.pop("max_bytes", self.max_pattern_bytes)
-        if params.family == "mamba2":
-            if "reduce" in kwargs:
-                raise InputError("reduce= applies to Mamba-1 channel groups; Mamba-2 heads are already scalar-decay heads")
-            return implied.mamba2_implied_attention(dt, params.A, B, C, heads=heads, rows=row_idx,
-                                                    max_bytes=budget, **kwargs)
-        return implied.mamba1_implied_attention(dt, params.A, B, C, heads=heads, head_size=self.cfg.d_head,
-                                                rows=row_idx, max_bytes=budget, **kwargs)
+        return self.ssm_mixer(L).implied_attention(dt, B, C, heads=heads, rows=row_idx, max_bytes=budget, **kwargs)
 
     def __repr__(self) -> str:
         c = self.cfg

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gather_aggregate.adapters import load_ssm
-from gather_aggregate.adapters.hybrid import HookedHybrid, load_hybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid_convert import load_hybrid
 from gather_aggregate.adapters.hybrid_testing import hf_hybrid_logits, tiny_hf_hybrid
 from gather_aggregate.protocol import param_checksum
 

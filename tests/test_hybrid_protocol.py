@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gather_aggregate import errors
-from gather_aggregate.adapters.hybrid import HookedHybrid, load_hybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid_convert import load_hybrid
 from gather_aggregate.adapters.hybrid_testing import hf_hybrid_logits, tiny_hf_hybrid
 from gather_aggregate.protocol import count_hooks, param_checksum
 
@@ -29,7 +30,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def world():
-    from gather_aggregate.zoo.vocab import build_tokenizer, make_world
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
 
     w = make_world(seed=0)
     return w, build_tokenizer(w)
@@ -324,7 +325,7 @@ def test_bad_input(saved, tmp_path):
     drop = [f"model.layers.{attn}.self_attn.q_proj.weight", f"model.layers.{ssm}.mamba.A_log"]
     for k in drop:
         del sd[k]
-    from gather_aggregate.adapters.hybrid import build_hybrid
+    from gather_aggregate.adapters.hybrid_convert import build_hybrid
 
     with pytest.raises(errors.CheckpointError) as exc:
         build_hybrid(model.cfg, sd)
@@ -355,7 +356,7 @@ def test_unsupported_hybrid_layouts_name_the_supported_ones(tmp_path):
 def test_zamba2_missing_lora_and_shared_weights_are_listed(saved):
     from safetensors.torch import load_file
 
-    from gather_aggregate.adapters.hybrid import build_hybrid
+    from gather_aggregate.adapters.hybrid_convert import build_hybrid
 
     hf, model, d = saved
     if model.cfg.model_type != "zamba2":
@@ -398,7 +399,7 @@ def test_attention_ablation_experiment_runs_on_a_zoo_style_hybrid_dir(world, tmp
     from gather_aggregate import load_model
     from gather_aggregate.experiments import remove_only
     from gather_aggregate.tasks.registry import for_model_dir
-    from gather_aggregate.zoo.vocab import save_world
+    from gather_aggregate.training.vocab import save_world
 
     w, tok = world
     hf = tiny_hf_hybrid("bamba", seed=9, vocab_size=len(tok), num_hidden_layers=3, attn_layer_indices=[1])

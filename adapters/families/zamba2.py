@@ -38,7 +38,9 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention, activation
-from gather_aggregate.adapters.hybrid import HookedHybrid, HybridConfig, _first_int, _rope_of
+from gather_aggregate.adapters.families import HybridFamily
+from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid_config import HybridConfig, first_int, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
 from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
 
@@ -59,7 +61,7 @@ def zamba2_config_from_hf(hf_config: Any) -> HybridConfig:
     d_model = int(g("hidden_size"))
     n_attn = int(g("num_attention_heads"))
     d_head = int(g("attention_head_dim"))
-    theta, partial = _rope_of(hf_config)
+    theta, partial = rope_of(hf_config)
     d_inner = int(g("mamba_expand") * d_model)
     eps = float(g("rms_norm_eps"))
     return HybridConfig(
@@ -69,8 +71,8 @@ def zamba2_config_from_hf(hf_config: Any) -> HybridConfig:
         conv_bias=True, proj_bias=bool(g("add_bias_linear")), norm_eps=eps, gate_norm_eps=1e-5,
         residual_in_fp32=False, tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
         hidden_act="silu", time_step_limit=(float(g("time_step_min")), float("inf")),
-        chunk_size=int(g("chunk_size")), pad_token_id=_first_int(getattr(hf_config, "pad_token_id", None)),
-        eos_token_id=_first_int(getattr(hf_config, "eos_token_id", None)),
+        chunk_size=int(g("chunk_size")), pad_token_id=first_int(getattr(hf_config, "pad_token_id", None)),
+        eos_token_id=first_int(getattr(hf_config, "eos_token_id", None)),
         layer_kinds=kinds, attn_n_heads=n_attn, attn_n_kv_heads=int(getattr(hf_config, "num_key_value_heads", None)
                                                                     or n_attn),
         attn_d_head=d_head, attn_scale=(d_head / 2) ** -0.5,
@@ -382,4 +384,6 @@ def dedupe_shared(state_dict: dict[str, Tensor], cfg: HybridConfig) -> dict[str,
     return out
 
 
-__all__ = ["HookedZamba2", "zamba2_config_from_hf", "zamba2_checkpoint_key", "dedupe_shared"]
+FAMILY = HybridFamily("zamba2", zamba2_config_from_hf, HookedZamba2, zamba2_checkpoint_key, dedupe_shared)
+
+__all__ = ["FAMILY", "HookedZamba2", "zamba2_config_from_hf", "zamba2_checkpoint_key", "dedupe_shared"]

@@ -1,0 +1,163 @@
+"""Loading hybrids: the HF config and checkpoint of a registered family -> ``HookedHybrid`` (or its subclass).
+
+The family table (:mod:`.families`) says how each ``model_type`` is read;
+this module holds what every family shares: the dispatch, the key check that
+lists every missing / extra / mis-shaped tensor, and building the model with
+copies of the checkpoint's tensors (the user's HF model is never touched).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gather_aggregate.adapters.checkpoint import fill_model, key_problems, read_state_dict
+from gather_aggregate.adapters.families import HYBRID_FAMILIES, KNOWN_UNSUPPORTED, get_family
+from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid_config import HybridConfig
+from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
+
+
+def _unsupported(model_type: Any) -> UnsupportedModelError:
+    extra = " (known hybrid, not supported yet)" if model_type in KNOWN_UNSUPPORTED else ""
+    return UnsupportedModelError(
+        f"hybrid layout {model_type!r}{extra} is not supported; supported hybrid model types: "
+        f"{', '.join(HYBRID_FAMILIES)}. Convert the checkpoint to one of them or use a pure SSM/transformer"
+    )
+
+
+def hybrid_config_from_hf(hf_config: Any) -> HybridConfig:
+    """``HybridConfig`` from the HF config of a registered hybrid family (Bamba, Jamba, Zamba2, ...)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in HYBRID_FAMILIES:
+        raise _unsupported(model_type)
+    cfg: HybridConfig = get_family(model_type).config_from_hf(hf_config)
+    return cfg
+
+
+def decoder_checkpoint_key(ours: str, cfg: HybridConfig) -> str:
+    """The HF checkpoint name of one of our parameters in the decoder layout Bamba and Jamba share."""
+    fixed = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.final_layernorm.weight",
+             "unembed.weight": "lm_head.weight"}
+    if ours in fixed:
+        return fixed[ours]
+    m = re.fullmatch(r"blocks\.(\d+)\.(\w+)\.(.+)", ours)
+    if m is None:  # pragma: no cover - every parameter is in a block or fixed
+        return ours
+    i, part, rest = m.groups()
+    pre = f"model.layers.{i}."
+    if part == "ln1":
+        return pre + "input_layernorm." + rest
+    if part == "ln2":
+        return pre + "pre_ff_layernorm." + rest
+    if part == "attn":
+        return pre + "self_attn." + rest
+    if part == "mlp":
+        rest = {"router.weight": "router.weight", "gate_up_proj": "experts.gate_up_proj",
+                "down_proj": "experts.down_proj"}.get(rest, rest) if cfg.layer_experts[int(i)] > 1 else rest
+        return pre + "feed_forward." + rest
+    # ssm
+    rest = {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias", "x_proj.linear.weight": "x_proj.weight",
+            "x_proj.dt_norm.weight": "dt_layernorm.weight", "x_proj.b_norm.weight": "b_layernorm.weight",
+            "x_proj.c_norm.weight": "c_layernorm.weight"}.get(rest, rest)
+    return pre + "mamba." + rest
+
+
+def convert_state_dict(state_dict: dict[str, Tensor], model: HookedHybrid) -> dict[str, Tensor]:
+    """Rename checkpoint tensors to ours; a :class:`CheckpointError` lists every missing/extra/mis-shaped one."""
+    cfg = model.cfg
+    family = get_family(cfg.model_type)
+    key_of = family.checkpoint_key
+    state_dict = family.prepare_state_dict(state_dict, cfg)
+    ours = dict(model.named_parameters())  # shared (tied) parameters once, under their canonical name
+    by_ckpt = {key_of(k, cfg): k for k in ours}
+    out: dict[str, Tensor] = {}
+    unexpected = []
+    for key, value in state_dict.items():
+        if key == "lm_head.weight" and cfg.tie_embeddings:
+            continue
+        name = by_ckpt.get(key)
+        if name is None:
+            unexpected.append(key)
+        else:
+            out[name] = value
+    missing = sorted(key_of(k, cfg) for k in ours if k not in out)
+    shaped = [f"{key_of(k, cfg)}: checkpoint {tuple(v.shape)} vs expected {tuple(ours[k].shape)}"
+              for k, v in sorted(out.items()) if tuple(v.shape) != tuple(ours[k].shape)]
+    if missing or unexpected or shaped:
+        raise CheckpointError(
+            f"checkpoint does not match its {cfg.model_type} config ({cfg.n_layers} layers, layout "
+            f"{cfg.layout}, d_model={cfg.d_model}): "
+            + key_problems(missing, shaped, sorted(unexpected)) + ". Check that config.json belongs to these weights (attn_layer_indices / "
+            "attn_layer_period, num_experts, layers_block_type, num_mem_blocks, use_shared_attention_adapter, "
+            "adapter_rank, tie_word_embeddings, hidden sizes)."
+        )
+    return out
+
+
+def build_hybrid(cfg: HybridConfig, state_dict: dict[str, Tensor], *, device: Any = None,
+                 dtype: torch.dtype | None = None) -> HookedHybrid:
+    """The family's hooked model holding copies of the checkpoint tensors (the source is never modified)."""
+    cls = get_family(cfg.model_type).model_class
+    with torch.device("meta"):
+        model = cls(cfg)
+    built: HookedHybrid = fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype)
+    return built
+
+
+def hybrid_model_type(path_or_hf_model: Any, config: Any = None) -> str | None:
+    """The ``model_type`` if the source is a hybrid we know (supported or not), else ``None``.
+
+    Cheap: reads ``config.json`` as JSON (no transformers import) for a directory.
+    """
+    import json
+
+    if config is not None:
+        mt = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    elif isinstance(path_or_hf_model, nn.Module):
+        mt = getattr(getattr(path_or_hf_model, "config", None), "model_type", None)
+    elif isinstance(path_or_hf_model, (str, Path)) and (Path(path_or_hf_model).expanduser() / "config.json").is_file():
+        try:
+            mt = json.loads((Path(path_or_hf_model).expanduser() / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError):
+            mt = None
+    else:
+        mt = None
+    return mt if mt in (*HYBRID_FAMILIES, *KNOWN_UNSUPPORTED) else None
+
+
+def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None,
+                dtype: torch.dtype | None = None, **kwargs: Any) -> HookedHybrid:
+    """Load a hooked hybrid from a ``save_pretrained`` directory or an in-memory HF model.
+
+    ``config`` defaults to the directory's / model's own HF config.  The HF
+    model's weights are copied, never modified.
+    """
+    if kwargs:
+        raise InputError(f"options {sorted(kwargs)} do not apply to hybrid models (head_size is for Mamba-1 "
+                         "channel groups of pure Mamba models); drop them")
+    if isinstance(path_or_hf_model, nn.Module):
+        hf = path_or_hf_model
+        cfg = hybrid_config_from_hf(config if config is not None else hf.config)
+        p = next(hf.parameters())
+        return build_hybrid(cfg, {k: v.detach() for k, v in hf.state_dict().items()},
+                            device=device or p.device, dtype=dtype or p.dtype)
+    if not isinstance(path_or_hf_model, (str, Path)):
+        raise InputError(f"load_hybrid takes a checkpoint directory or an HF model, got "
+                         f"{type(path_or_hf_model).__name__}")
+    directory = Path(path_or_hf_model).expanduser()
+    if not directory.is_dir():
+        raise ModelLoadError(f"{str(directory)!r} is not a directory; pass the folder that holds config.json")
+    if config is None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(directory))
+    return build_hybrid(hybrid_config_from_hf(config), read_state_dict(directory), device=device, dtype=dtype)
+
+
+__all__ = ["load_hybrid", "build_hybrid", "hybrid_config_from_hf", "convert_state_dict", "decoder_checkpoint_key",
+           "hybrid_model_type"]
