@@ -59,8 +59,8 @@ def deep_random_dir(arch: str, n_layers: int, n_heads: int | None = None) -> tup
     import tempfile
     from pathlib import Path
 
+    from gather_aggregate.training.train import TrainConfig, build_model
     from gather_aggregate.zoo import list_zoo
-    from gather_aggregate.zoo.train import TrainConfig, build_model
 
     zoo = list_zoo()
     src = zoo.get({"llama": "llama-kv", "mamba2": "mamba2-ga"}[arch]) or next(iter(zoo.values()), None)
@@ -85,8 +85,8 @@ def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.P
     import torch
 
     from gather_aggregate import load_model
+    from gather_aggregate.tasks import task_metric
     from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.workflows import task_metric
     from gather_aggregate.zoo import list_zoo
 
     torch.set_num_threads(threads)
@@ -108,7 +108,7 @@ def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: 
                 path: "os.PathLike | None" = None, max_rows: int | None = None, kind: str = "logprob",
                 repeats: int = 3, device: str = "cpu") -> dict:
     from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
-    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.tasks import task_metric
 
     model, task, tokens, metric = kv_setup(name, n, dict_size, threads, path, kind, device)
     abl: dict = {"method": method}

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 # subcommand -> (module:function, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("gather_aggregate.commands:cmd_demo", "run the demo on the shipped toy zoo and write an HTML report"),
-    "eval": ("gather_aggregate.commands:cmd_eval", "evaluate a model on a task"),
-    "scan": ("gather_aggregate.commands:cmd_scan", "rank heads by the drop in a task metric when ablated"),
-    "detect": ("gather_aggregate.commands:cmd_detect", "score heads as Gather / Aggregate heads"),
-    "ablate": ("gather_aggregate.commands:cmd_ablate", "evaluate with a set of heads ablated"),
-    "pattern": ("gather_aggregate.commands:cmd_pattern", "save (implied) attention patterns of a layer"),
-    "report": ("gather_aggregate.commands:cmd_report", "build a self-contained HTML report from results"),
-    "zoo": ("gather_aggregate.commands:cmd_zoo", "toy-zoo utilities: `zoo train`, `zoo list`"),
+    "demo": ("gather_aggregate.demo:run_demo", "run the demo on the shipped toy zoo and write an HTML report"),
+    "eval": ("gather_aggregate.workflows:run_eval", "evaluate a model on a task"),
+    "scan": ("gather_aggregate.workflows:run_scan", "rank heads by the drop in a task metric when ablated"),
+    "detect": ("gather_aggregate.workflows:run_detect", "score heads as Gather / Aggregate heads"),
+    "ablate": ("gather_aggregate.workflows:run_ablate", "evaluate with a set of heads ablated"),
+    "pattern": ("gather_aggregate.workflows:run_pattern", "save (implied) attention patterns of a layer"),
+    "report": ("gather_aggregate.workflows:run_report", "build a self-contained HTML report from results"),
+    "zoo": ("gather_aggregate.workflows:run_zoo", "toy-zoo utilities: `zoo train`, `zoo list`"),
 }
 
 
@@ -90,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 0
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     target, _ = COMMANDS[args.command]
     module_name, func_name = target.split(":")
     try:

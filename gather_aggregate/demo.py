@@ -27,7 +27,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_quickstart(args: argparse.Namespace) -> int:
     import torch
 
-    from gather_aggregate import load_model
+    from gather_aggregate.loading import load_model
     from gather_aggregate.metrics import row_entropy
     from gather_aggregate.testing import save_model_dir, tiny_llama
 

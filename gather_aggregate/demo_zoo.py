@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.zoo.claims import TASKS
+from gather_aggregate.claims import TASKS
 
 
 def _bar(items: list[Any], desc: str) -> Any:
@@ -24,8 +24,7 @@ def _bar(items: list[Any], desc: str) -> Any:
 
 
 def _zoo(args: argparse.Namespace) -> dict[str, Path]:
-    from gather_aggregate.commands import resolve_model_path
-    from gather_aggregate.zoo import list_zoo
+    from gather_aggregate.zoo import list_zoo, resolve_model_path
 
     if args.model:
         names = [m for m in str(args.model).split(",") if m]
@@ -36,16 +35,15 @@ def _zoo(args: argparse.Namespace) -> dict[str, Path]:
 def run_zoo_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from gather_aggregate import load_model
-    from gather_aggregate.commands import out_dir
+    from gather_aggregate import claims
     from gather_aggregate.detect import aggregate_reading
     from gather_aggregate.experiments import cumulative_ablation
-    from gather_aggregate.io import atomic_write_json
-    from gather_aggregate.zoo import claims
+    from gather_aggregate.io import atomic_write_json, out_dir
+    from gather_aggregate.loading import load_model
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
-    out = out_dir(args, "ga_out/demo")
+    out = out_dir(args.out, "ga_out/demo")
     n = 24 if getattr(args, "fast", False) else max(8, min(args.n, 64))
     zoo = _zoo(args)
     print(f"gather-aggregate demo: {len(zoo)} zoo models ({', '.join(zoo)}), {n} prompts per task")

@@ -248,7 +248,7 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: f
     heads reading the same segment) each cost little alone, so with ``joint``
     the candidates that do not stand out alone are ablated together, in one
     forward scored like the scan (zero ablation, the task's answer log-prob
-    from :func:`gather_aggregate.workflows.task_metric` on ``examples``), and
+    from :func:`gather_aggregate.tasks.task_metric` on ``examples``), and
     all are named when that joint drop is material and stands out from the
     unimportant heads (:func:`joint_stands_out`).  The joint check runs only
     for a zero-ablation scan whose clean metric that log-prob reproduces (the
@@ -341,7 +341,7 @@ def _joint_drop(model: Any, examples: Sequence[Any], heads: Sequence[Head], meta
     when that metric's clean value is not the scan's (``meta["metric_clean"]``: other prompts or another metric).
     ``reference`` keeps the prompts, metric and clean value between calls on the same examples."""
     from gather_aggregate.interventions import ablation_hooks, make_replacement
-    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.tasks.metric import task_metric
 
     ref = reference if reference is not None else {}
     with torch.no_grad():

@@ -26,15 +26,17 @@ def accuracy_of(model: Any, examples: Sequence[Any], fwd_hooks: list, **kwargs: 
     return float(evaluate(model, examples, fwd_hooks=fwd_hooks, progress=False, **kwargs).accuracy)
 
 
-def _evaluate_all(model: Any, task_sets: Mapping[str, Sequence[Any]], hooks: list,
-                  evaluator: Evaluator | None) -> dict[str, float]:
+def evaluate_sets(model: Any, task_sets: Mapping[str, Sequence[Any]], hooks: list,
+                  evaluator: Evaluator | None = None) -> dict[str, float]:
+    """``{name: evaluator(model, examples, hooks)}`` for every named example set (default: accuracy)."""
     if not task_sets:
         raise InputError("no task sets given: pass e.g. {'kv': kv_examples, 'knowledge': knowledge_examples}")
     ev = evaluator or accuracy_of
     return {name: ev(model, examples, hooks) for name, examples in task_sets.items()}
 
 
-def _hooks_for(model: Any, heads: Sequence[Head], method: Method, reference: Any) -> list:
+def head_ablation_hooks(model: Any, heads: Sequence[Head], method: Method = "zero", reference: Any = None) -> list:
+    """Hooks that ablate ``heads`` (``method``: zero / mean / resample); none for an empty set."""
     if not heads:
         return []
     rep = make_replacement(model, heads, method, reference)
@@ -56,7 +58,7 @@ def cumulative_ablation(model: Any, ranking: Sequence[Head], task_sets: Mapping[
             raise InputError(f"k must be >= 0, got {k}")
         heads = list(ranking[:k])
         row: dict[str, Any] = {"k": k, "n_removed": len(heads), "heads": [list(h) for h in heads]}
-        row.update(_evaluate_all(model, task_sets, _hooks_for(model, heads, method, reference), evaluator))
+        row.update(evaluate_sets(model, task_sets, head_ablation_hooks(model, heads, method, reference), evaluator))
         rows.append(row)
     return rows
 
@@ -67,8 +69,8 @@ def remove_only(model: Any, heads: Sequence[Head], task_sets: Mapping[str, Seque
     heads = model.check_head_set(heads)
     if not heads:
         raise InputError("empty head set: pass the heads to remove")
-    clean = _evaluate_all(model, task_sets, [], evaluator)
-    ablated = _evaluate_all(model, task_sets, _hooks_for(model, heads, method, reference), evaluator)
+    clean = evaluate_sets(model, task_sets, [], evaluator)
+    ablated = evaluate_sets(model, task_sets, head_ablation_hooks(model, heads, method, reference), evaluator)
     return {"heads": [list(h) for h in heads], "clean": clean, "ablated": ablated}
 
 
@@ -79,8 +81,8 @@ def keep_only(model: Any, heads: Sequence[Head], task_sets: Mapping[str, Sequenc
     removed = heads_except(model, heads, kinds)
     if not removed:
         raise InputError("keep-only removes nothing: the kept set is every head")
-    clean = _evaluate_all(model, task_sets, [], evaluator)
-    ablated = _evaluate_all(model, task_sets, _hooks_for(model, removed, method, reference), evaluator)
+    clean = evaluate_sets(model, task_sets, [], evaluator)
+    ablated = evaluate_sets(model, task_sets, head_ablation_hooks(model, removed, method, reference), evaluator)
     return {"kept": [list(h) for h in model.check_head_set(heads)], "n_removed": len(removed),
             "clean": clean, "ablated": ablated}
 
@@ -118,13 +120,13 @@ def layer_pruning(model: Any, task_sets: Mapping[str, Sequence[Any]], *, mode: s
         for k in range(n):
             removed = list(range(n - k, n))
             row: dict[str, Any] = {"n_removed": k, "removed": removed}
-            row.update(_evaluate_all(model, task_sets, skip_layer_hooks(model, removed), evaluator))
+            row.update(evaluate_sets(model, task_sets, skip_layer_hooks(model, removed), evaluator))
             rows.append(row)
     elif mode == "individual":
-        rows.append({"layer": None, "kind": None, **_evaluate_all(model, task_sets, [], evaluator)})
+        rows.append({"layer": None, "kind": None, **evaluate_sets(model, task_sets, [], evaluator)})
         for info in model.layers:
             rows.append({"layer": info.index, "kind": info.kind,
-                         **_evaluate_all(model, task_sets, skip_layer_hooks(model, [info.index]), evaluator)})
+                         **evaluate_sets(model, task_sets, skip_layer_hooks(model, [info.index]), evaluator)})
     else:
         raise InputError(f"mode must be 'from_end' or 'individual', got {mode!r}")
     return rows

@@ -88,3 +88,17 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, (set, tuple)):
         return list(v)
     return str(v)
+
+
+def out_dir(out: str | os.PathLike[str] | None, default: str) -> Path:
+    """The output directory ``out`` (or ``default``), created and checked writable; a clear error if it is not."""
+    path = Path(out or default)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".ga_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"cannot write to output directory {str(path)!r} ({exc.strerror}); "
+                         "pass --out with a writable directory") from None
+    return path

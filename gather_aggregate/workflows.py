@@ -7,9 +7,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.commands import load, out_dir, resolve_model_path
 from gather_aggregate.errors import InputError
-from gather_aggregate.io import atomic_write_json, write_table
+from gather_aggregate.io import atomic_write_json, out_dir, write_table
+from gather_aggregate.protocol import HookedModel
+from gather_aggregate.tasks.metric import task_metric
+from gather_aggregate.zoo import resolve_model_path
+
+
+def load(args: argparse.Namespace) -> HookedModel:
+    """The model of ``--model`` (a zoo name or a directory) on ``--device``."""
+    from gather_aggregate.loading import load_model
+
+    return load_model(resolve_model_path(args.model), device=args.device)
 
 
 def task_examples(args: argparse.Namespace, model: Any, task: str | None = None) -> list[Any]:
@@ -25,36 +34,6 @@ def task_examples(args: argparse.Namespace, model: Any, task: str | None = None)
     return t.examples(model.tokenizer, n=args.n, seed=args.seed)
 
 
-def task_metric(model: Any, examples: list[Any], kind: str = "logprob") -> tuple[Any, Any]:
-    """Tokens and a scalar metric over them for head scans: mean log-prob (or logit difference) of the answer.
-
-    Multi-token candidates are scored on their first token here (the scan
-    needs one forward per ablation); :func:`gather_aggregate.tasks.evaluate`
-    scores full continuations.  The metric is a
-    :class:`~gather_aggregate.readout.ReadoutMetric` at each prompt's query
-    position, so scans finish their forwards there only.
-    """
-    import dataclasses
-
-    import torch
-
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.tasks.base import collate, pad_id_of
-    from gather_aggregate.tasks.evaluate import correct_logprob, logit_diff
-
-    if kind not in ("logprob", "logit_diff"):
-        raise InputError(f"metric kind must be 'logprob' or 'logit_diff', got {kind!r}")
-    batch = collate(examples, pad_id_of(model.tokenizer), device=model.device)
-    fn = correct_logprob if kind == "logprob" else logit_diff
-    at_query = dataclasses.replace(batch, query_pos=torch.zeros_like(batch.query_pos))  # logits already taken there
-
-    def metric(logits_at: Any) -> Any:
-        return fn(logits_at, at_query).mean()
-
-    metric.__qualname__ = f"task_metric.{kind}"
-    return batch.tokens, ReadoutMetric(metric, batch.query_pos[:, None])
-
-
 def parse_heads(spec: str, model: Any) -> list[tuple[int, int]]:
     """``"1.0,1.3"`` → ``[(1, 0), (1, 3)]`` (validated against the model)."""
     heads = []
@@ -67,13 +46,30 @@ def parse_heads(spec: str, model: Any) -> list[tuple[int, int]]:
     return model.check_head_set(heads)
 
 
+def run_zoo(args: argparse.Namespace) -> int:
+    """``zoo list`` prints the shipped models; ``zoo train`` trains one (:mod:`gather_aggregate.training.train`)."""
+    from gather_aggregate.zoo import list_zoo
+
+    if args.action == "list":
+        for name, path in list_zoo().items():
+            print(f"{name}\t{path}")
+        return 0
+    from gather_aggregate.training.train import main as train_main
+
+    argv = ["--arch", args.arch, "--seed", str(args.seed), "--threads", str(args.threads),
+            "--out", str(out_dir(args.out, f"ga_out/zoo-{args.arch}"))]
+    if args.steps is not None:
+        argv += ["--steps", str(args.steps)]
+    return int(train_main(argv) or 0)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from gather_aggregate.tasks import evaluate
 
     model = load(args)
     examples = task_examples(args, model)
     res = evaluate(model, examples, progress=True, seed=args.seed)
-    out = out_dir(args, "ga_out/eval")
+    out = out_dir(args.out, "ga_out/eval")
     atomic_write_json(out / "eval.json", {"model": args.model, "task": args.task, "n": res.n,
                                           "accuracy": res.accuracy, "examples": res.to_rows()})
     print(f"{args.task}: accuracy {res.accuracy:.3f} on {res.n} examples ({res.n_forwards} forwards) -> {out}/eval.json")
@@ -86,7 +82,7 @@ def run_scan(args: argparse.Namespace) -> int:
     model = load(args)
     examples = task_examples(args, model)
     tokens, metric = task_metric(model, examples)
-    out = out_dir(args, "ga_out/scan")
+    out = out_dir(args.out, "ga_out/scan")
     reference = tokens.roll(1, 0) if args.ablation != "zero" else None
     t0 = time.perf_counter()
     if args.mode == "exact":
@@ -107,7 +103,7 @@ def run_detect(args: argparse.Namespace) -> int:
 
     model = load(args)
     examples = task_examples(args, model)
-    out = out_dir(args, "ga_out/detect")
+    out = out_dir(args.out, "ga_out/detect")
     scan_file = out / "scan.json"
     if scan_file.is_file():
         scan = ScanResult.load(scan_file)
@@ -138,7 +134,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         tokens, _ = task_metric(model, examples)
         reference = tokens.roll(1, 0)
     res = remove_only(model, heads, {args.task: examples}, method=args.ablation, reference=reference)
-    out = out_dir(args, "ga_out/ablate")
+    out = out_dir(args.out, "ga_out/ablate")
     atomic_write_json(out / "ablate.json", {"model": args.model, **res})
     print(f"{args.task}: clean {res['clean'][args.task]:.3f} -> ablated {res['ablated'][args.task]:.3f} "
           f"with {heads} removed -> {out}/ablate.json")
@@ -154,7 +150,7 @@ def run_pattern(args: argparse.Namespace) -> int:
 
     tokens = torch.tensor([ex.input_ids], device=model.device)
     pat = model.pattern(tokens, args.layer, heads=heads)[0]
-    out = out_dir(args, "ga_out/pattern")
+    out = out_dir(args.out, "ga_out/pattern")
     atomic_write_json(out / "pattern.json", {
         "model": args.model, "layer": args.layer, "kind": model.layers[args.layer].kind,
         "heads": heads or list(range(model.layers[args.layer].n_heads)),

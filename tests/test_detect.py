@@ -22,7 +22,7 @@ def planted():
     from planted import PlantedModel
 
     from gather_aggregate.tasks.kv import KVRetrieval
-    from gather_aggregate.zoo.vocab import build_tokenizer, make_world
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
 
     world = make_world(seed=0)
     tok = build_tokenizer(world)
@@ -151,7 +151,7 @@ def test_joint_check_runs_on_the_scans_metric_and_leaves_the_model_as_it_was(pla
     from gather_aggregate.detect import _joint_drop
     from gather_aggregate.protocol import count_hooks, param_checksum
     from gather_aggregate.scan import naive_scan
-    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.tasks import task_metric
 
     model, examples = planted
     before = param_checksum(model)

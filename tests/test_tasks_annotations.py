@@ -319,14 +319,3 @@ def test_for_model_dir_uses_shipped_vocabulary(tmp_path):
     (tmp_path / "zoo_tasks.json").unlink()
     (tmp_path / "facts.json").unlink()
     assert set(for_model_dir(tmp_path)) == {"kv", "mqar"}
-
-
-def test_formats_match_the_zoo_training_data():
-    data = pytest.importorskip("gather_aggregate.zoo.data")
-    from gather_aggregate.tasks import knowledge_prompt, mc_prompt
-
-    pairs = [("bado", "117"), ("kime", "12")]
-    assert data.kv_prompt(pairs, "kime") == kv_prompt(pairs, "kime")
-    opts = [("A", "red"), ("B", "light blue")]
-    assert data.mc_prompt("color", "Tirek", opts) == mc_prompt("color", "Tirek", ["red", "light blue"])
-    assert data.knowledge_prompt("color", "Tirek") == knowledge_prompt("color", "Tirek")

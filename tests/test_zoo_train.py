@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from gather_aggregate.zoo.data import (
+from gather_aggregate.training.data import (
     Mixture,
     collate,
     encode_doc,
@@ -23,8 +23,8 @@ from gather_aggregate.zoo.data import (
     recall_eval_items,
     sample_doc,
 )
-from gather_aggregate.zoo.quick_eval import ablate_heads, eval_suite, evaluate
-from gather_aggregate.zoo.vocab import build_tokenizer, make_world, split_words
+from gather_aggregate.training.quick_eval import ablate_heads, eval_suite, evaluate
+from gather_aggregate.training.vocab import build_tokenizer, make_world, split_words
 
 WORLD = make_world(0)
 
@@ -199,7 +199,7 @@ SMOKE = {
 def test_20_step_smoke_run_writes_a_loadable_model_directory(arch, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gather_aggregate.zoo.train import main
+    from gather_aggregate.training.train import main
 
     out = tmp_path / arch
     argv = ["--arch", arch, "--out", str(out), "--steps", "20", "--seed", "3", "--threads", "1",
@@ -235,7 +235,7 @@ def test_20_step_smoke_run_writes_a_loadable_model_directory(arch, tmp_path):
 
 
 def test_warm_start_continues_from_a_checkpoint_and_checks_the_arch(tmp_path):
-    from gather_aggregate.zoo.train import main
+    from gather_aggregate.training.train import main
 
     base = ["--steps", "4", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "4",
             "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
@@ -248,7 +248,7 @@ def test_warm_start_continues_from_a_checkpoint_and_checks_the_arch(tmp_path):
 
 
 def test_keep_checkpoints_keeps_every_eval_step_as_a_loadable_directory(tmp_path):
-    from gather_aggregate.zoo.train import main
+    from gather_aggregate.training.train import main
 
     args = ["--arch", "llama", "--steps", "4", "--threads", "1", "--batch-size", "4", "--bucket", "1",
             "--eval-every", "2", "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
@@ -261,7 +261,7 @@ def test_keep_checkpoints_keeps_every_eval_step_as_a_loadable_directory(tmp_path
 
 
 def test_stop_after_ends_a_run_early_on_the_long_runs_learning_rate_schedule(tmp_path):
-    from gather_aggregate.zoo.train import TrainConfig, lr_at, main
+    from gather_aggregate.training.train import TrainConfig, lr_at, main
 
     args = ["--arch", "llama", "--steps", "1000", "--warmup", "2", "--threads", "1", "--batch-size", "4",
             "--bucket", "1", "--eval-every", "2", "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
@@ -276,7 +276,7 @@ def test_stop_after_ends_a_run_early_on_the_long_runs_learning_rate_schedule(tmp
 def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from gather_aggregate.zoo.train import TrainConfig, load_init, main
+    from gather_aggregate.training.train import TrainConfig, load_init, main
 
     base = ["--steps", "2", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "2",
             "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
@@ -322,7 +322,7 @@ def test_ablate_heads_changes_outputs_only_inside_the_block(tmp_path):
 def test_retraining_mamba2_stage1_reproduces_kv_retrieval(tmp_path):
     """Retrain the first stage of the shipped mamba2-ga from the script (see its LINEAGE.md), 500 steps (~7 min on
     one core): KV-retrieval must come back within 0.1 of the shipped model's accuracy at 8 pairs (1.0)."""
-    from gather_aggregate.zoo.train import main
+    from gather_aggregate.training.train import main
 
     out = tmp_path / "mamba2"
     argv = ["--arch", "mamba2", "--out", str(out), "--steps", "500", "--batch-size", "64", "--n-layers", "2",
@@ -342,7 +342,7 @@ def test_retraining_llama_kv_reproduces_transformer_kv_retrieval(tmp_path):
     pure MQAR, then KV with MQAR), 500 steps each (~8 min on one core; LINEAGE.md took the step-500 checkpoints
     of longer learning-rate schedules, here each schedule ends at step 500).  KV-retrieval at 4 and 8 pairs must
     come back within 0.1 of the shipped model's (1.0); it did in 13 min 49 s beside two training jobs."""
-    from gather_aggregate.zoo.train import main
+    from gather_aggregate.training.train import main
 
     size = ["--n-layers", "2", "--d-model", "128", "--n-heads", "4", "--d-ff", "256", "--lr", "1e-3",
             "--batch-size", "64", "--eval-n", "96"]
@@ -366,8 +366,8 @@ def test_retraining_llama_kvmc_stages_1_to_3_gives_one_transformer_with_kv_and_l
     the letter-MC-heavy mixture (500), each on its stage's long learning-rate schedule (``--stop-after``), ~12 min
     on one core.  Letter-MC and KV at 4 and 8 pairs must each reach >= 0.9 in the one model (stage 3 of the
     shipped lineage: letter-MC 0.99, KV 1.00 at step 500)."""
+    from gather_aggregate.training.train import main
     from gather_aggregate.zoo import zoo_path
-    from gather_aggregate.zoo.train import main
 
     common = ["--arch", "llama", "--steps", "20000", "--lr", "1e-3", "--threads", "1", "--kv-start", "8",
               "--kv-max", "12", "--curriculum", "0.01", "--eval-n", "96"]

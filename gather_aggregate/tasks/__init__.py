@@ -28,6 +28,7 @@ from gather_aggregate.tasks.evaluate import (
 )
 from gather_aggregate.tasks.facts import FactsTask, FactWorld, knowledge_prompt, mc_prompt
 from gather_aggregate.tasks.kv import KVRetrieval, kv_prompt
+from gather_aggregate.tasks.metric import task_metric
 from gather_aggregate.tasks.mmlu import MMLUItem, MMLUTask, load_mmlu
 from gather_aggregate.tasks.mqar import MQAR
 from gather_aggregate.tasks.registry import TASK_NAMES, for_model_dir, get_task
@@ -62,5 +63,6 @@ __all__ = [
     "mc_prompt",
     "pad_id_of",
     "score_per_candidate",
+    "task_metric",
     "word_level_tokenizer",
 ]

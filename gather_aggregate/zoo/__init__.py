@@ -1,4 +1,4 @@
-"""The toy zoo: tiny models trained here (``gather_aggregate.zoo.train``) and shipped as package data.
+"""The toy zoo: tiny models trained here (``gather_aggregate.training.train``) and shipped as package data.
 
 Each model lives in ``gather_aggregate/zoo/<name>/`` in HF ``save_pretrained``
 layout, with its tokenizer, ``facts.json``, ``zoo_tasks.json`` and
@@ -26,3 +26,13 @@ def zoo_path(name: str) -> Path:
         raise ModelLoadError(f"no zoo model named {name!r}; shipped: {', '.join(zoo) or '(none)'}. Train one with "
                              "`gather-aggregate zoo train`, or pass a model directory")
     return zoo[name]
+
+
+def resolve_model_path(name: str | None) -> str:
+    """A shipped zoo name (``llama-ga``) becomes its directory; a path or hub name comes back unchanged."""
+    if name is None:
+        from gather_aggregate.errors import InputError
+
+        raise InputError("no --model given; pass a zoo name (see `gather-aggregate zoo list`) or a model directory")
+    p = list_zoo().get(name)
+    return str(p) if p is not None else name

@@ -42,7 +42,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gather_aggregate.zoo.vocab import World, split_words
+from gather_aggregate.tasks.facts import knowledge_prompt
+from gather_aggregate.tasks.facts import mc_prompt as facts_mc_prompt
+from gather_aggregate.tasks.kv import kv_prompt
+from gather_aggregate.training.vocab import World, split_words
 
 Doc = list[tuple[str, bool]]
 
@@ -73,25 +76,17 @@ class Mixture:
     recall_queries: tuple[int, int] = (8, 16)
 
 
-# --- prompt pieces (exactly the evaluation formats) ---------------------------------------------------------
-
-
-def kv_prompt(pairs: Sequence[tuple[str, str]], key: str) -> str:
-    return ("Memorize the following dictionary:\n" + "".join(f"{k}:{v}\n" for k, v in pairs)
-            + f"\nThe value of the key '{key}' is")
+# --- prompt pieces (the evaluation formats of gather_aggregate.tasks) ---------------------------------------
 
 
 def mc_prompt(relation: str, entity: str, options: Sequence[tuple[str, str]]) -> str:
-    return (f"Question: What is the {relation} of {entity}?\n" + "".join(f"{L}. {o}\n" for L, o in options)
-            + "Answer:")
+    """The letter-MC prompt of :func:`gather_aggregate.tasks.mc_prompt` for ``[(letter, text)]`` options (letters
+    in any order)."""
+    return facts_mc_prompt(relation, entity, [o for _, o in options], letters="".join(L for L, _ in options))
 
 
 def mqar_prompt(pairs: Sequence[tuple[str, str]], key: str) -> str:
     return " ".join(f"{k} {v}" for k, v in pairs) + f" {key}"
-
-
-def knowledge_prompt(relation: str, entity: str) -> str:
-    return f"The {relation} of {entity} is"
 
 
 # --- training documents ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Quick per-head checks of a zoo checkpoint, for the training log (``docs/results.md``).
 
-    python -m gather_aggregate.zoo.ablation_check gather_aggregate/zoo/llama-ga
+    python -m gather_aggregate.training.ablation_check gather_aggregate/zoo/llama-ga
 
 For every head it reports the accuracy of letter-MC, content-MC, knowledge and
 KV after zero-ablating that head alone (:func:`quick_eval.ablate_heads`), a
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.zoo.data import EvalItem, knowledge_eval_items, kv_eval_items, mc_eval_items
-from gather_aggregate.zoo.quick_eval import ablate_heads, accuracy, n_heads
-from gather_aggregate.zoo.vocab import World, split_words
+from gather_aggregate.training.data import EvalItem, knowledge_eval_items, kv_eval_items, mc_eval_items
+from gather_aggregate.training.quick_eval import ablate_heads, accuracy, n_heads
+from gather_aggregate.training.vocab import World, split_words
 
 
 def load(path: str | Path) -> tuple[Any, World]:

@@ -1,6 +1,6 @@
 """Measure the paper's claims on zoo checkpoints: one function per claim, one driver that writes the table.
 
-    python -m gather_aggregate.zoo.claims [--n 96] [--out ga_out/claims.json] [--markdown tables.md]
+    python -m gather_aggregate.claims [--n 96] [--out ga_out/claims.json] [--markdown tables.md]
 
 The tests (``tests/test_zoo_claims.py``) call the same functions on the shipped
 checkpoints; ``docs/results.md`` reports what this driver printed.  Heads are
@@ -40,9 +40,9 @@ def task_sets(model: Any, model_dir: Path, n: int, seed: int = 0, **kv: Any) -> 
 
 
 def accuracies(model: Any, sets: Mapping[str, Sequence[Any]], hooks: list | None = None) -> dict[str, float]:
-    from gather_aggregate.tasks import evaluate
+    from gather_aggregate.experiments import evaluate_sets
 
-    return {t: float(evaluate(model, exs, fwd_hooks=hooks or [], progress=False).accuracy) for t, exs in sets.items()}
+    return evaluate_sets(model, sets, hooks or [])
 
 
 def chance(sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
@@ -53,7 +53,7 @@ def scan_and_detect(model: Any, examples: Sequence[Any], z: float = 1.5) -> tupl
     """Exact ablation scan of every head on a retrieval task (answer log-prob) and the G&A detector over it."""
     from gather_aggregate.detect import find_ga_heads, pattern_scores
     from gather_aggregate.scan import exact_scan
-    from gather_aggregate.workflows import task_metric
+    from gather_aggregate.tasks.metric import task_metric
 
     tokens, metric = task_metric(model, list(examples))
     scan = exact_scan(model, tokens, metric, progress=False)
@@ -62,11 +62,9 @@ def scan_and_detect(model: Any, examples: Sequence[Any], z: float = 1.5) -> tupl
 
 
 def ablated_accuracies(model: Any, heads: Sequence[Head], sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
-    from gather_aggregate.interventions import ablation_hooks, make_replacement
+    from gather_aggregate.experiments import head_ablation_hooks
 
-    heads = list(heads)
-    hooks = ablation_hooks(model, heads, make_replacement(model, heads, "zero")) if heads else []
-    return accuracies(model, sets, hooks)
+    return accuracies(model, sets, head_ablation_hooks(model, list(heads)))
 
 
 def candidate_sets(ga: Any, z: float = 1.5, max_k: int = 2) -> list[tuple[str, list[Head]]]:
@@ -213,7 +211,7 @@ def measure_model(name: str, model_dir: Path, *, n: int = 96, seed: int = 0,
                   kv_sizes: Sequence[int] = (2, 4, 8, 12, 16, 24, 32, 48), ks: Sequence[int] = (0, 1, 2, 4, 8),
                   z: float = 1.5) -> dict[str, Any]:
     """Every measurement the claims need, for one zoo model, per retrieval task (letter-MC and KV)."""
-    from gather_aggregate import load_model
+    from gather_aggregate.loading import load_model
 
     model = load_model(model_dir)
     sets = task_sets(model, model_dir, n, seed)
@@ -251,7 +249,7 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     """The measured tables of ``docs/results.md`` (claims a-d), from :func:`measure_model` results."""
     names = list(res)
     any_r = res[names[0]]
-    out = [f"Measured with `python -m gather_aggregate.zoo.claims --n {any_r['n']}` "
+    out = [f"Measured with `python -m gather_aggregate.claims --n {any_r['n']}` "
            f"({any_r['n']} prompts per task, seed 0).", "", "**Accuracy (claim a)**", ""]
     out.append(_md_table(["model", *TASKS], [[m, *(res[m]["clean"][t] for t in TASKS)] for m in names]
                          + [["chance", *(any_r["chance"][t] for t in TASKS)]]))

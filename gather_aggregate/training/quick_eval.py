@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.zoo.data import (
+from gather_aggregate.training.data import (
     EvalItem,
     knowledge_eval_items,
     kv_eval_items,
@@ -31,7 +31,7 @@ from gather_aggregate.zoo.data import (
     recall_eval_items,
     reverse_mqar_eval_items,
 )
-from gather_aggregate.zoo.vocab import World, split_words
+from gather_aggregate.training.vocab import World, split_words
 
 
 def _encode(items: Sequence[EvalItem], vocab: dict[str, int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

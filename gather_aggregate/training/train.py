@@ -1,6 +1,6 @@
 """Train a toy-zoo model on CPU with HF's own model classes and ship it with ``save_pretrained``.
 
-    python -m gather_aggregate.zoo.train --arch llama --out DIR --steps 6000 --seed 0 --threads 1
+    python -m gather_aggregate.training.train --arch llama --out DIR --steps 6000 --seed 0 --threads 1
 
 Architectures: ``llama`` (``LlamaForCausalLM``), ``mamba2`` (``Mamba2ForCausalLM``),
 ``mamba1`` (``MambaForCausalLM`` trained with ``use_mambapy=True``, saved with it
@@ -8,7 +8,7 @@ off so the checkpoint loads without mambapy), ``bamba`` (``BambaForCausalLM``: M
 layers with attention at ``--attn-layers``).  ``--init DIR`` warm-starts from a
 directory this script wrote (the shipped zoo was trained in such stages; see each
 model's ``LINEAGE.md``).  All share one word-level world
-(:mod:`gather_aggregate.zoo.vocab`) and one data mixture (:mod:`gather_aggregate.zoo.data`).
+(:mod:`gather_aggregate.training.vocab`) and one data mixture (:mod:`gather_aggregate.training.data`).
 
 Training: AdamW (betas 0.9/0.98, weight decay 0.1), linear warm-up then cosine
 decay to 10 %, fresh data every step, cross-entropy on the target tokens only
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.zoo.data import Mixture, collate, length_bucketed, sample_doc
-from gather_aggregate.zoo.quick_eval import eval_suite, evaluate
-from gather_aggregate.zoo.vocab import PAD, World, build_tokenizer, make_world, save_world
+from gather_aggregate.training.data import Mixture, collate, length_bucketed, sample_doc
+from gather_aggregate.training.quick_eval import eval_suite, evaluate
+from gather_aggregate.training.vocab import PAD, World, build_tokenizer, make_world, save_world
 
 ARCHS = ("llama", "mamba2", "mamba1", "bamba")
 

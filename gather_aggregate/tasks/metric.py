@@ -1,0 +1,44 @@
+"""A task's examples as a scalar metric for head scans: the answer's log-prob (or logit difference) at the query."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.tasks.base import Example, collate, pad_id_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
+    from gather_aggregate.protocol import HookedModel
+    from gather_aggregate.readout import ReadoutMetric
+
+
+def task_metric(model: HookedModel, examples: Sequence[Example],
+                kind: str = "logprob") -> tuple[Tensor, ReadoutMetric]:
+    """Tokens and a scalar metric over them for head scans: mean log-prob (or logit difference) of the answer.
+
+    Multi-token candidates are scored on their first token here (the scan
+    needs one forward per ablation); :func:`gather_aggregate.tasks.evaluate`
+    scores full continuations.  The metric is a
+    :class:`~gather_aggregate.readout.ReadoutMetric` at each prompt's query
+    position, so scans finish their forwards there only.
+    """
+    import torch
+
+    from gather_aggregate.readout import ReadoutMetric
+    from gather_aggregate.tasks.evaluate import correct_logprob, logit_diff
+
+    if kind not in ("logprob", "logit_diff"):
+        raise InputError(f"metric kind must be 'logprob' or 'logit_diff', got {kind!r}")
+    batch = collate(list(examples), pad_id_of(model.tokenizer), device=model.device)
+    fn = correct_logprob if kind == "logprob" else logit_diff
+    at_query = dataclasses.replace(batch, query_pos=torch.zeros_like(batch.query_pos))  # logits already taken there
+
+    def metric(logits_at: Any) -> Any:
+        return fn(logits_at, at_query).mean()
+
+    metric.__qualname__ = f"task_metric.{kind}"
+    return batch.tokens, ReadoutMetric(metric, batch.query_pos[:, None])
