@@ -15,10 +15,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gather_aggregate.adapters.config import FAMILY_OF_MODEL_TYPE
 from gather_aggregate.adapters.families import HYBRID_FAMILIES
 
-#: HF ``model_type`` values served by :func:`load_ssm`.
-SSM_MODEL_TYPES: tuple[str, ...] = ("mamba", "falcon_mamba", "mamba2")
+#: HF ``model_type`` values of pure SSMs served by :func:`load_ssm` (the keys of ``config.FAMILY_OF_MODEL_TYPE``).
+SSM_MODEL_TYPES: tuple[str, ...] = tuple(FAMILY_OF_MODEL_TYPE)
 #: HF ``model_type`` values of hybrids (attention + SSM layers), one per module of :mod:`.families`;
 #: :func:`load_ssm` hands them to ``load_hybrid``.
 HYBRID_MODEL_TYPES: tuple[str, ...] = tuple(HYBRID_FAMILIES)
@@ -31,6 +32,8 @@ _LAZY = {
     "SSMConfig": "gather_aggregate.adapters.config",
     "mask_heads": "gather_aggregate.adapters.masking",
     "HookedHybrid": "gather_aggregate.adapters.hybrid",
+    "HookedJamba": "gather_aggregate.adapters.families.jamba",
+    "HookedZamba2": "gather_aggregate.adapters.families.zamba2",
     "load_hybrid": "gather_aggregate.adapters.hybrid_convert",
     "mamba1_implied_attention": "gather_aggregate.adapters.implied",
     "mamba2_implied_attention": "gather_aggregate.adapters.implied",

@@ -173,3 +173,25 @@ def test_checker_sees_cycles_and_wrong_directions():
     # lazy (function-level) imports and facade names count: the loader is reached through both
     assert "gather_aggregate.adapters.convert" in GRAPH["gather_aggregate.loading"]
     assert _resolve("gather_aggregate", "load_model") == "gather_aggregate.loading"
+
+
+def test_one_list_of_model_types_and_the_docs_table_agrees():
+    """``load_model``'s SSM/hybrid model types come from one place (the SSM config table and the hybrid family
+    table), and docs/api_ssm.md's class table lists exactly those."""
+    import re
+
+    from gather_aggregate import adapters
+    from gather_aggregate.adapters.config import FAMILY_OF_MODEL_TYPE
+    from gather_aggregate.adapters.families import HYBRID_FAMILIES
+    from gather_aggregate.loading import ssm_model_types
+
+    assert ssm_model_types() == (*FAMILY_OF_MODEL_TYPE, *HYBRID_FAMILIES)
+    assert (adapters.SSM_MODEL_TYPES, adapters.HYBRID_MODEL_TYPES) == (tuple(FAMILY_OF_MODEL_TYPE),
+                                                                       tuple(HYBRID_FAMILIES))
+    rows = [r for r in (ROOT / "docs" / "api_ssm.md").read_text(encoding="utf-8").splitlines()
+            if r.startswith("| `Hooked")]
+    built_for = [row.split("|")[2] for row in rows]
+    assert sorted(t for cell in built_for for t in re.findall(r"`(\w+)`", cell)) == sorted(ssm_model_types())
+    for model_type, module in HYBRID_FAMILIES.items():  # every family module exists where the table says
+        path = ROOT / "adapters" / "families" / f"{module.rsplit('.', 1)[1]}.py"
+        assert path.is_file(), f"{model_type}: {path} is missing"
