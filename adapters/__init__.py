@@ -12,9 +12,7 @@ TransformerLens load only when one of the names below is first used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from gather_aggregate._lazy import lazy_attributes
 from gather_aggregate.adapters.config import FAMILY_OF_MODEL_TYPE
 from gather_aggregate.adapters.families import HYBRID_FAMILIES
 
@@ -42,14 +40,4 @@ _LAZY = {
 __all__ = ["SSM_MODEL_TYPES", "HYBRID_MODEL_TYPES", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gather_aggregate.adapters' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.protocol import HookedModel
 
 
 def _check_mask(mask: Any, n_listed: int) -> Tensor:
@@ -75,7 +76,7 @@ def _fit(mask: Tensor, act: Tensor, batch: int, L: int, hook_name: str) -> Tenso
 
 
 @contextlib.contextmanager
-def mask_heads(model: Any, heads: Sequence[tuple[int, int]], mask: Tensor, *,
+def mask_heads(model: HookedModel, heads: Sequence[tuple[int, int]], mask: Tensor, *,
                max_bytes: int | None = None) -> Iterator[Any]:
     """Context manager: run ``model`` with the listed heads' attention (implied or softmax) masked.
 
@@ -121,7 +122,7 @@ def _capture(store: dict[str, Tensor], key: str) -> Any:
     return hook
 
 
-def _ssm_hook(model: Any, layer: int, store: dict[str, Tensor], mask: Tensor, heads: list[int], idx: list[int],
+def _ssm_hook(model: HookedModel, layer: int, store: dict[str, Tensor], mask: Tensor, heads: list[int], idx: list[int],
               budget: int) -> Any:
     def hook(y: Tensor, hook: Any) -> Tensor:
         b, L, _ = y.shape

@@ -6,8 +6,9 @@ only imported when a function that needs them is first used.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gather_aggregate._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -32,14 +33,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.readout import ReadoutMetric as ReadoutMetric
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gather_aggregate' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

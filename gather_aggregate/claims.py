@@ -27,11 +27,13 @@ from typing import Any
 
 import torch
 
+from gather_aggregate.protocol import HookedModel
+
 TASKS = ("kv", "letter-mc", "content-mc", "knowledge")
 Head = tuple[int, int]
 
 
-def task_sets(model: Any, model_dir: Path, n: int, seed: int = 0, **kv: Any) -> dict[str, list[Any]]:
+def task_sets(model: HookedModel, model_dir: Path, n: int, seed: int = 0, **kv: Any) -> dict[str, list[Any]]:
     """The four evaluation sets of a zoo model (KV at its largest trained dictionary size unless overridden)."""
     from gather_aggregate.tasks.registry import get_task
 
@@ -39,7 +41,7 @@ def task_sets(model: Any, model_dir: Path, n: int, seed: int = 0, **kv: Any) -> 
             for t in TASKS}
 
 
-def accuracies(model: Any, sets: Mapping[str, Sequence[Any]], hooks: list | None = None) -> dict[str, float]:
+def accuracies(model: HookedModel, sets: Mapping[str, Sequence[Any]], hooks: list | None = None) -> dict[str, float]:
     from gather_aggregate.experiments import evaluate_sets
 
     return evaluate_sets(model, sets, hooks or [])
@@ -49,7 +51,7 @@ def chance(sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
     return {t: sum(1.0 / len(e.candidates) for e in exs) / len(exs) for t, exs in sets.items()}
 
 
-def scan_and_detect(model: Any, examples: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
+def scan_and_detect(model: HookedModel, examples: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
     """Exact ablation scan of every head on a retrieval task (answer log-prob) and the G&A detector over it."""
     from gather_aggregate.detect import find_ga_heads, pattern_scores
     from gather_aggregate.scan import exact_scan
@@ -61,7 +63,7 @@ def scan_and_detect(model: Any, examples: Sequence[Any], z: float = 1.5) -> tupl
     return scan, find_ga_heads(model, examples, scan, z=z, scores=table)
 
 
-def ablated_accuracies(model: Any, heads: Sequence[Head], sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
+def ablated_accuracies(model: HookedModel, heads: Sequence[Head], sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
     from gather_aggregate.experiments import head_ablation_hooks
 
     return accuracies(model, sets, head_ablation_hooks(model, list(heads)))
@@ -108,7 +110,7 @@ def candidate_sets(ga: Any, z: float = 1.5, max_k: int = 2) -> list[tuple[str, l
     return unique
 
 
-def bottleneck(model: Any, ga: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float],
+def bottleneck(model: HookedModel, ga: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float],
                max_k: int = 2, task: str = "letter-mc", z: float = 1.5) -> dict[str, Any]:
     """Claim b: ablate every G&A-named head set of size <= ``max_k``; report the one that hurts ``task`` most.
 
@@ -125,7 +127,7 @@ def bottleneck(model: Any, ga: Any, sets: Mapping[str, Sequence[Any]], clean: Ma
     return {"flagged": [list(h) for h in named], "tried": tried, "best": best}
 
 
-def random_baseline(model: Any, k: int, sets: Mapping[str, Sequence[Any]], seeds: int = 5,
+def random_baseline(model: HookedModel, k: int, sets: Mapping[str, Sequence[Any]], seeds: int = 5,
                     exclude: Sequence[Head] = ()) -> dict[str, float]:
     """Mean accuracies with ``k`` random heads (excluding ``exclude``) ablated, over ``seeds`` draws."""
     pool = [h for h in model.all_heads() if h not in set(map(tuple, exclude))]
@@ -137,7 +139,7 @@ def random_baseline(model: Any, k: int, sets: Mapping[str, Sequence[Any]], seeds
     return totals
 
 
-def single_head_effects(model: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float],
+def single_head_effects(model: HookedModel, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float],
                         task: str = "letter-mc") -> list[dict[str, Any]]:
     """Accuracy drop on ``task`` from ablating each head alone (claim c: redundancy)."""
     one = {task: sets[task]}
@@ -145,7 +147,7 @@ def single_head_effects(model: Any, sets: Mapping[str, Sequence[Any]], clean: Ma
             for la, h in model.all_heads()]
 
 
-def aggregate_entropy(model: Any, examples: Sequence[Any], ga: Any, top: int = 1,
+def aggregate_entropy(model: HookedModel, examples: Sequence[Any], ga: Any, top: int = 1,
                       score: str = "aggregate") -> dict[str, Any]:
     """Mean entropy (nats) and top-1 mass of the final-position row of the ``top`` strongest Aggregate heads.
 
@@ -167,7 +169,7 @@ def aggregate_entropy(model: Any, examples: Sequence[Any], ga: Any, top: int = 1
             "top1_mass": sum(masses) / len(masses), "n_rows": len(ents)}
 
 
-def kv_by_size(model: Any, model_dir: Path, sizes: Sequence[int], n: int, seed: int = 0) -> dict[int, float]:
+def kv_by_size(model: HookedModel, model_dir: Path, sizes: Sequence[int], n: int, seed: int = 0) -> dict[int, float]:
     from gather_aggregate.tasks import evaluate
     from gather_aggregate.tasks.registry import get_task
 
@@ -181,7 +183,7 @@ def kv_by_size(model: Any, model_dir: Path, sizes: Sequence[int], n: int, seed: 
 RETRIEVAL = ("letter-mc", "kv")
 
 
-def retrieval_analysis(model: Any, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float], task: str, *,
+def retrieval_analysis(model: HookedModel, sets: Mapping[str, Sequence[Any]], clean: Mapping[str, float], task: str, *,
                        ks: Sequence[int] = (0, 1, 2, 4, 8), z: float = 1.5) -> dict[str, Any]:
     """Claims b-d for one retrieval task: scan, detector, bottleneck vs random heads, per-head effects,
     Aggregate-row sharpness and the cumulative-ablation table."""

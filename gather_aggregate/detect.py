@@ -42,21 +42,22 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 
 def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(examples[i:i + size]) for i in range(0, len(examples), size)]
 
 
-def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
+def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
                    batch_size: int = 16, gather_any: bool = False, **pattern_kwargs: Any) -> list[dict[str, Any]]:
     """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head.
 
     ``gather_any=True`` adds ``gather_segment`` (see the module docstring); it computes every row of each
     pattern, so it costs ``batch x heads x pos²`` memory per layer.
     """
-    from gather_aggregate.tasks.base import collate, pad_id_of
+    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.tasks.base import collate
 
     examples = list(examples)
     if not examples:
@@ -227,7 +228,7 @@ def zscores(values: list[float]) -> list[float]:
 READINGS = ("summary", "segment", "auto")
 
 
-def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, z: float = 1.5,
+def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, z: float = 1.5,
                   max_heads: int = 10, scores: list[dict[str, Any]] | None = None,
                   batch_size: int = 16, reading: str = "auto", joint: bool = True) -> GAHeads:
     """Name candidate Gather / Aggregate heads from pattern scores and (optionally) an ablation scan.
@@ -335,7 +336,7 @@ def joint_stands_out(drop: float, drops: Sequence[float], z: float, floor: float
     return drop > mean if sd == 0 else (drop - mean) / sd >= z
 
 
-def _joint_drop(model: Any, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any],
+def _joint_drop(model: HookedModel, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any],
                 reference: dict[str, Any] | None = None) -> float | None:
     """The drop of the task's answer log-prob (the scans' metric) when ``heads`` are zero-ablated together; ``None``
     when that metric's clean value is not the scan's (``meta["metric_clean"]``: other prompts or another metric).

@@ -14,19 +14,19 @@ from typing import Any
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Method, ablation_hooks, heads_except, make_replacement
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 Evaluator = Callable[[Any, Sequence[Any], list], float]
 
 
-def accuracy_of(model: Any, examples: Sequence[Any], fwd_hooks: list, **kwargs: Any) -> float:
+def accuracy_of(model: HookedModel, examples: Sequence[Any], fwd_hooks: list, **kwargs: Any) -> float:
     """Accuracy of ``model`` on ``examples`` with ``fwd_hooks`` attached (no progress bar)."""
     from gather_aggregate.tasks import evaluate
 
     return float(evaluate(model, examples, fwd_hooks=fwd_hooks, progress=False, **kwargs).accuracy)
 
 
-def evaluate_sets(model: Any, task_sets: Mapping[str, Sequence[Any]], hooks: list,
+def evaluate_sets(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], hooks: list,
                   evaluator: Evaluator | None = None) -> dict[str, float]:
     """``{name: evaluator(model, examples, hooks)}`` for every named example set (default: accuracy)."""
     if not task_sets:
@@ -35,7 +35,7 @@ def evaluate_sets(model: Any, task_sets: Mapping[str, Sequence[Any]], hooks: lis
     return {name: ev(model, examples, hooks) for name, examples in task_sets.items()}
 
 
-def head_ablation_hooks(model: Any, heads: Sequence[Head], method: Method = "zero", reference: Any = None) -> list:
+def head_ablation_hooks(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Any = None) -> list:
     """Hooks that ablate ``heads`` (``method``: zero / mean / resample); none for an empty set."""
     if not heads:
         return []
@@ -43,7 +43,7 @@ def head_ablation_hooks(model: Any, heads: Sequence[Head], method: Method = "zer
     return ablation_hooks(model, heads, rep)
 
 
-def cumulative_ablation(model: Any, ranking: Sequence[Head], task_sets: Mapping[str, Sequence[Any]],
+def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: Mapping[str, Sequence[Any]],
                         ks: Sequence[int] = (0, 10, 20, 30), *, method: Method = "zero", reference: Any = None,
                         evaluator: Evaluator | None = None) -> list[dict[str, Any]]:
     """Remove the top-``k`` heads of ``ranking`` for each ``k`` and evaluate every task set.
@@ -63,7 +63,7 @@ def cumulative_ablation(model: Any, ranking: Sequence[Head], task_sets: Mapping[
     return rows
 
 
-def remove_only(model: Any, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
+def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
                 method: Method = "zero", reference: Any = None, evaluator: Evaluator | None = None) -> dict[str, Any]:
     """Evaluate with exactly ``heads`` ablated, next to the clean model."""
     heads = model.check_head_set(heads)
@@ -74,7 +74,7 @@ def remove_only(model: Any, heads: Sequence[Head], task_sets: Mapping[str, Seque
     return {"heads": [list(h) for h in heads], "clean": clean, "ablated": ablated}
 
 
-def keep_only(model: Any, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
+def keep_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
               kinds: Sequence[str] | None = None, method: Method = "zero", reference: Any = None,
               evaluator: Evaluator | None = None) -> dict[str, Any]:
     """Evaluate with every head (of ``kinds``, default all kinds) ablated except ``heads``."""
@@ -87,7 +87,7 @@ def keep_only(model: Any, heads: Sequence[Head], task_sets: Mapping[str, Sequenc
             "clean": clean, "ablated": ablated}
 
 
-def skip_layer_hooks(model: Any, layers: Sequence[int]) -> list:
+def skip_layer_hooks(model: HookedModel, layers: Sequence[int]) -> list:
     """Hooks that remove whole layers: a removed layer passes its input residual through unchanged."""
     hooks = []
     for layer in sorted({model.check_layer(la).index for la in layers}):
@@ -105,7 +105,7 @@ def skip_layer_hooks(model: Any, layers: Sequence[int]) -> list:
     return hooks
 
 
-def layer_pruning(model: Any, task_sets: Mapping[str, Sequence[Any]], *, mode: str = "from_end",
+def layer_pruning(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], *, mode: str = "from_end",
                   evaluator: Evaluator | None = None) -> list[dict[str, Any]]:
     """Layer-pruning curves.
 

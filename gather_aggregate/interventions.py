@@ -31,7 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
@@ -77,7 +77,7 @@ def group_by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
-def head_outputs(model: Any, tokens: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
+def head_outputs(model: HookedModel, tokens: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
     """Per-head outputs ``[batch, pos, head, d_head]`` of ``layers`` on ``tokens`` (no grad)."""
     names = {model.head_hook(layer)[0]: layer for layer in layers}
     with torch.no_grad():
@@ -85,7 +85,7 @@ def head_outputs(model: Any, tokens: Tensor, layers: Sequence[int]) -> dict[int,
     return {layer: cache[name].detach() for name, layer in names.items()}
 
 
-def make_replacement(model: Any, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None,
+def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None,
                      *, per_position: bool = True, seed: int = 0, n_pos: int | None = None) -> Replacement:
     """Validate an ablation spec and precompute reference head values for mean/resample."""
     if method not in METHODS:
@@ -105,7 +105,7 @@ def make_replacement(model: Any, heads: Sequence[Head], method: Method = "zero",
     return Replacement(method, head_outputs(model, reference, layers), per_position, seed)
 
 
-def ablation_hooks(model: Any, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
+def ablation_hooks(model: HookedModel, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
     """Forward hooks that replace the given heads' outputs (all rows of the batch)."""
     heads = model.check_head_set(heads)
     if not heads:
@@ -125,7 +125,7 @@ def ablation_hooks(model: Any, heads: Sequence[Head], replacement: Replacement) 
 
 
 @contextlib.contextmanager
-def ablate(model: Any, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None, *,
+def ablate(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None, *,
            per_position: bool = True, seed: int = 0) -> Iterator[Any]:
     """Context manager: inside it, ``model`` runs with ``heads`` ablated.
 
@@ -138,7 +138,7 @@ def ablate(model: Any, heads: Sequence[Head], method: Method = "zero", reference
         yield model
 
 
-def run_ablated(model: Any, tokens: Tensor, heads: Sequence[Head], method: Method = "zero",
+def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], method: Method = "zero",
                 reference: Tensor | None = None, *, per_position: bool = True, seed: int = 0) -> Tensor:
     """Logits with ``heads`` ablated (the hooks are gone when it returns)."""
     tokens = model.validate_tokens(tokens)
@@ -148,7 +148,7 @@ def run_ablated(model: Any, tokens: Tensor, heads: Sequence[Head], method: Metho
         return model(tokens)
 
 
-def heads_except(model: Any, keep: Sequence[Head], kinds: Sequence[str] | None = None) -> list[Head]:
+def heads_except(model: HookedModel, keep: Sequence[Head], kinds: Sequence[str] | None = None) -> list[Head]:
     """Every head (of ``kinds``) not in ``keep``: the complement for keep-only experiments."""
     keep_set = set(model.check_head_set(keep)) if keep else set()
     return [hd for hd in model.all_heads(kinds) if hd not in keep_set]

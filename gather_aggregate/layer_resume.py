@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.interventions import Edit, edit_hook
+from gather_aggregate.protocol import HookedModel
 from gather_aggregate.readout import ReadoutMetric
 
 #: per layer: (hook of its mixer output, out-projection weight [d_model, n_heads * d_head]) or None; after
@@ -53,14 +54,14 @@ class _Stop(Exception):
     """Raised by a hook to end a forward once the last layer's mixer output is in."""
 
 
-def plan(model: Any, layers: Iterable[int], readout: bool = False) -> Plan:
+def plan(model: HookedModel, layers: Iterable[int], readout: bool = False) -> Plan:
     """The inside-the-layer resume of every layer that offers one (``None`` for the others); with ``readout``
     also of the last layer, where every forward finishes at the readout positions."""
     layers = set(layers) | ({model.n_layers - 1} if readout else set())
     return {layer: model.mixer_resume(layer) for layer in sorted(layers)}
 
 
-def cache_names(model: Any, plan_: Plan) -> list[str]:
+def cache_names(model: HookedModel, plan_: Plan) -> list[str]:
     """Hooks a reference forward must cache for :func:`edited_logits`: every layer's residual input and, where
     resuming inside the layer, its mixer output and head outputs."""
     names = [model.resid_hook(layer) for layer in plan_]
@@ -68,7 +69,7 @@ def cache_names(model: Any, plan_: Plan) -> list[str]:
     return names
 
 
-def verify(model: Any, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
+def verify(model: HookedModel, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
     """Keep a layer's inside-the-layer resume only if, on two prompts of the cached run, resuming there gives
     that run's ``logits`` and the head outputs times the out-projection give the mixer output up to a constant
     (the bias).  A layer that fails (say, an architecture with a norm after its attention) falls back to
@@ -101,7 +102,7 @@ def verify(model: Any, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
     return out
 
 
-def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequence[Edit], fill: Fill,
+def edited_logits(model: HookedModel, cache: Any, plan_: Plan, layer: int, edits: Sequence[Edit], fill: Fill,
                   readout: ReadoutMetric | None = None) -> Tensor:
     """Logits of ``len(edits)`` stacked copies of the cached batch, copy ``i`` with ``edits[i]`` applied in
     ``layer``; ``fill(edit, current)`` gives the replacement for the current head slice (``[batch, pos, d_head]``,
@@ -136,7 +137,7 @@ def edited_logits(model: Any, cache: Any, plan_: Plan, layer: int, edits: Sequen
     return _finish(model, plan_, stacked, readout, copies, [], lambda: model.resume_after_mixer(stacked, out, layer))
 
 
-def _finish(model: Any, plan_: Plan, stacked: Tensor, readout: ReadoutMetric | None, copies: int,
+def _finish(model: HookedModel, plan_: Plan, stacked: Tensor, readout: ReadoutMetric | None, copies: int,
             hooks: list[tuple[str, Callable]], run: Callable[[], Tensor]) -> Tensor:
     """``run()`` under ``hooks``; with ``readout``, stopped after the last mixer and finished at its positions."""
     last = model.n_layers - 1

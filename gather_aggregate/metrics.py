@@ -15,8 +15,6 @@ every function normalises (idempotent for softmax rows).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -47,17 +45,3 @@ def sharpness_index(pattern: Float[Tensor, "... key"], n_keys: Tensor | int | No
     h = row_entropy(pattern)
     out = 1.0 - h / log_n.clamp_min(1e-12)
     return torch.where(n <= 1, torch.ones_like(out), out)
-
-
-def summarize_rows(pattern: Float[Tensor, "batch head row key"], n_keys: Tensor | None = None) -> dict[str, Tensor]:
-    """Per-head means over batch and rows of the three metrics: ``{"entropy", "top1", "sharpness"}`` → ``[head]``."""
-    return {
-        "entropy": row_entropy(pattern).mean((0, 2)),
-        "top1": top1_mass(pattern).mean((0, 2)),
-        "sharpness": sharpness_index(pattern, n_keys).mean((0, 2)),
-    }
-
-
-def uniform_entropy(n: int) -> float:
-    """Entropy of a uniform row over ``n`` keys (the maximum)."""
-    return math.log(n)

@@ -22,12 +22,12 @@ import torch
 from gather_aggregate import layer_resume
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.readout import ReadoutMetric
 from gather_aggregate.scan import Metric, ScanResult, _apply, _check_metric, _progress, default_max_rows
 
 
-def patch_heads(model: Any, clean: Any, corrupted: Any, metric: Metric, heads: Sequence[Head] | None = None, *,
+def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, heads: Sequence[Head] | None = None, *,
                 per_position: bool = False, positions: Sequence[int] | None = None, max_rows: int | None = None,
                 progress: bool = True) -> ScanResult:
     """Patch clean head outputs into the corrupted run; one row per head (or head × position).

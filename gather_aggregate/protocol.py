@@ -31,8 +31,7 @@ concrete classes only supply the forward pass and the pattern computation.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -64,26 +63,65 @@ class LayerInfo:
 
 @runtime_checkable
 class HookedModel(Protocol):
-    """Structural type of every hooked model (see the module docstring)."""
+    """Structural type of every hooked model: what the analyses call (see the module docstring).
+
+    :class:`ProtocolMixin` implements the bookkeeping half (``check_*``,
+    ``all_heads``, tokens, ``pad_token_id``, the ``mixer_*`` defaults); a model
+    class supplies the forward pass, the hooks and the patterns.  Type every
+    ``model`` argument of an analysis with this protocol.
+    """
 
     tokenizer: Any
 
     @property
     def layers(self) -> list[LayerInfo]: ...
 
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def pad_token_id(self) -> int: ...
+
     def __call__(self, tokens: Any, **kwargs: Any) -> Any: ...
+
+    # layers and heads
+    def check_layer(self, layer: int) -> LayerInfo: ...
+
+    def check_heads(self, layer: int, heads: int | Sequence[int] | None) -> list[int]: ...
+
+    def check_head_set(self, heads: Sequence[Head]) -> list[Head]: ...
+
+    def all_heads(self, kinds: Sequence[LayerKind] | None = None) -> list[Head]: ...
 
     def head_hook(self, layer: int) -> tuple[str, int]: ...
 
     def resid_hook(self, layer: int) -> str: ...
 
-    def pattern(self, tokens_or_cache: Any, layer: int, heads: Any = None, rows: Any = None, **kwargs: Any) -> Any: ...
+    # tokens
+    def to_tokens(self, text: Any, **kwargs: Any) -> Any: ...
 
+    def to_str_tokens(self, tokens: Any) -> list[str]: ...
+
+    def validate_tokens(self, tokens: Any) -> Any: ...
+
+    # running
     def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    def to_tokens(self, text: Any, **kwargs: Any) -> Any: ...
+    def hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def pattern(self, tokens_or_cache: Any, layer: int, heads: Any = None, rows: Any = None, **kwargs: Any) -> Any: ...
+
+    # resuming inside a layer (layer_resume): each may answer None / raise when the model cannot
+    def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None: ...
+
+    def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor: ...
+
+    def mixer_at_rows(self, resid_pre: Tensor, rows: Tensor, layer: int) -> Tensor | None: ...
 
 
 class ProtocolMixin:
@@ -205,12 +243,7 @@ class ProtocolMixin:
 
     @property
     def pad_token_id(self) -> int:
-        tok = self.tokenizer
-        for attr in ("pad_token_id", "eos_token_id"):
-            value = getattr(tok, attr, None) if tok is not None else None
-            if value is not None:
-                return int(value)
-        return 0
+        return pad_id_of(self.tokenizer)
 
     def validate_tokens(self, tokens: Any) -> Int[Tensor, "batch pos"]:
         """Turn text or ids into a valid ``[batch, pos]`` LongTensor, or raise a clear error."""
@@ -269,13 +302,6 @@ class ProtocolMixin:
         input, for models whose mixer can skip the other rows (attention); ``None`` (the default) when not."""
         return None
 
-    # ---- hooks ------------------------------------------------------------
-    @contextlib.contextmanager
-    def hooks_applied(self, fwd_hooks: Sequence[tuple[Any, Any]] = ()) -> Iterator[Any]:
-        """Context manager: add forward hooks, always remove them on exit (even on error)."""
-        with self.hooks(fwd_hooks=list(fwd_hooks)) as m:  # type: ignore[attr-defined]
-            yield m
-
     # ---- patterns ---------------------------------------------------------
     def pattern(
         self,
@@ -330,6 +356,15 @@ class ProtocolMixin:
             key = next(iter(tokens_or_cache.keys()))
             return int(tokens_or_cache[key].shape[1])
         return int(self.validate_tokens(tokens_or_cache).shape[1])
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its eos id, else 0."""
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
 
 
 def normalize_rows(pattern: Float[Tensor, "... key"], eps: float = 1e-12) -> Float[Tensor, "... key"]:

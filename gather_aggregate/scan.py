@@ -38,7 +38,7 @@ from gather_aggregate import layer_resume
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
 from gather_aggregate.io import write_table
-from gather_aggregate.protocol import Head, device_of
+from gather_aggregate.protocol import Head, HookedModel, device_of
 from gather_aggregate.readout import ReadoutMetric
 
 Metric = Callable[[Tensor], Tensor]
@@ -80,7 +80,7 @@ class ScanResult:
 
 
 # ---- fingerprints (resume safety) ---------------------------------------------------
-def model_fingerprint(model: Any) -> str:
+def model_fingerprint(model: HookedModel) -> str:
     """Cheap identity of a model: its layer layout and a sample of every parameter."""
     h = hashlib.sha256(repr([(i.kind, i.n_heads, i.d_head) for i in model.layers]).encode())
     module = getattr(model, "module", model)
@@ -117,12 +117,12 @@ def _apply(metric: Metric, readout: ReadoutMetric | None, logits: Tensor) -> Any
     return metric(logits) if readout is None else readout.at_readout(logits)
 
 
-def _row(model: Any, layer: int, head: int, clean: float, ablated: float) -> dict[str, Any]:
+def _row(model: HookedModel, layer: int, head: int, clean: float, ablated: float) -> dict[str, Any]:
     return {"layer": layer, "head": head, "kind": model.layers[layer].kind, "score": clean - ablated,
             "metric_clean": clean, "metric_ablated": ablated}
 
 
-def _prepare(model: Any, tokens: Any, heads: Sequence[Head] | None) -> tuple[Tensor, list[Head]]:
+def _prepare(model: HookedModel, tokens: Any, heads: Sequence[Head] | None) -> tuple[Tensor, list[Head]]:
     tokens = model.validate_tokens(tokens)
     heads = model.all_heads() if heads is None else model.check_head_set(heads)
     if not heads:
@@ -137,7 +137,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 
 # ---- naive: one forward per head ------------------------------------------------------
-def naive_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
+def naive_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                progress: bool = False) -> ScanResult:
     """One full ``run_with_hooks`` per head: the reference the fast scans are tested against."""
@@ -157,12 +157,12 @@ def naive_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | 
 
 
 # ---- exact: cached prefix + batched ablations ---------------------------------------
-def default_max_rows(model: Any) -> int:
+def default_max_rows(model: HookedModel) -> int:
     """Rows (copies x prompts) per batched forward: 256 on CUDA, 32 on CPU."""
     return 256 if device_of(model).type == "cuda" else 32
 
 
-def exact_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
+def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
                progress: bool = True) -> ScanResult:
@@ -239,7 +239,7 @@ def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # ---- attribution patching --------------------------------------------------------------
-def atp_scan(model: Any, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
+def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
              method: Method = "zero", reference: Any = None, *, per_position: bool = True,
              seed: int = 0) -> ScanResult:
     """First-order estimate of every head's ablation drop from one forward and one backward.

@@ -21,7 +21,7 @@ def load(args: argparse.Namespace) -> HookedModel:
     return load_model(resolve_model_path(args.model), device=args.device)
 
 
-def task_examples(args: argparse.Namespace, model: Any, task: str | None = None) -> list[Any]:
+def task_examples(args: argparse.Namespace, model: HookedModel, task: str | None = None) -> list[Any]:
     """The examples of ``--task`` for ``model`` (zoo vocabulary and facts when the model ships them)."""
     from gather_aggregate.tasks.registry import get_task
 
@@ -34,7 +34,7 @@ def task_examples(args: argparse.Namespace, model: Any, task: str | None = None)
     return t.examples(model.tokenizer, n=args.n, seed=args.seed)
 
 
-def parse_heads(spec: str, model: Any) -> list[tuple[int, int]]:
+def parse_heads(spec: str, model: HookedModel) -> list[tuple[int, int]]:
     """``"1.0,1.3"`` → ``[(1, 0), (1, 3)]`` (validated against the model)."""
     heads = []
     for part in [p for p in spec.replace(" ", "").split(",") if p]:

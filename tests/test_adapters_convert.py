@@ -16,13 +16,6 @@ from gather_aggregate.protocol import param_checksum
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def toks(vocab=97, L=19):
     return torch.randint(0, vocab, (2, L), generator=torch.Generator().manual_seed(0))

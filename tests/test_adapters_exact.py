@@ -16,16 +16,6 @@ from hypothesis import strategies as st
 from gather_aggregate.adapters import load_ssm
 from gather_aggregate.adapters.testing import hf_logits, tiny_hf_ssm
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny ops run far faster single-threaded on a shared 2-core box (no OpenMP barrier stalls)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 TOL = 1e-4
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,13 +16,6 @@ from gather_aggregate.protocol import count_hooks, param_checksum
 FAMILIES = ["mamba", "falcon_mamba", "mamba2"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def make(model_type, **kw):
     hf = tiny_hf_ssm(model_type, seed=7, stress=True)

@@ -20,13 +20,6 @@ HAS_MASKING = importlib.util.find_spec("gather_aggregate.adapters.masking") is n
 needs_implied = pytest.mark.skipif(not HAS_IMPLIED, reason="SSM implied attention (adapters/implied.py) not present")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def world():

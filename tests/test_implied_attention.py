@@ -20,13 +20,6 @@ from gather_aggregate.errors import IndexOutOfRangeError, InputError, MemoryBudg
 REL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def rel(a, b):
     return float(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).detach())

@@ -15,13 +15,6 @@ from gather_aggregate.protocol import count_hooks, param_checksum
 CASES = [("mamba", {}), ("mamba", {"head_size": 4}), ("falcon_mamba", {}), ("mamba2", {})]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def toks(b=2, L=18, seed=0):
     return torch.randint(0, 97, (b, L), generator=torch.Generator().manual_seed(seed))

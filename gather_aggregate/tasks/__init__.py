@@ -7,15 +7,17 @@ answer candidates); see :mod:`gather_aggregate.tasks.base` for the conventions.
 
 from __future__ import annotations
 
+from gather_aggregate.protocol import pad_id_of
 from gather_aggregate.tasks.base import (
     Batch,
     Example,
+    IndexedTask,
     PromptSpec,
     Segment,
+    Task,
     annotate,
     check_context,
     collate,
-    pad_id_of,
 )
 from gather_aggregate.tasks.evaluate import (
     EvalResult,
@@ -41,6 +43,7 @@ __all__ = [
     "EvalResult",
     "Example",
     "ExampleResult",
+    "IndexedTask",
     "FactWorld",
     "FactsTask",
     "KVRetrieval",
@@ -48,6 +51,7 @@ __all__ = [
     "MMLUTask",
     "PromptSpec",
     "Segment",
+    "Task",
     "annotate",
     "candidate_logprobs",
     "check_context",

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gather_aggregate.errors import ContextLengthError, TaskError
 
@@ -118,6 +118,47 @@ class PromptSpec:
     meta: dict[str, Any] = field(default_factory=dict)
     required: list[tuple[int, int, str]] = field(default_factory=list)
     size_knob: tuple[str, int, int, int] | None = None
+
+
+# --------------------------------------------------------------------------
+# the task contract
+# --------------------------------------------------------------------------
+@runtime_checkable
+class Task(Protocol):
+    """What every task offers, and all the analyses ask of one.
+
+    A task has a ``name`` and builds ``n`` prompts as tokenizer-free
+    :class:`PromptSpec` s (``specs``) or as annotated :class:`Example` s for a
+    tokenizer (``examples``).  Each example names its answer ``candidates``, the
+    ``correct`` segment, and each segment's summary token (``Segment.summary``,
+    the last token of the segment, which Gather heads write to and Aggregate
+    heads read).  Register a new task as a factory in
+    :data:`gather_aggregate.tasks.registry.TASKS`.
+    """
+
+    name: str
+
+    def specs(self, n: int = ..., *, seed: int = 0) -> list[PromptSpec]: ...
+
+    def examples(self, tokenizer: Any, n: int = ..., *, seed: int = 0) -> list[Example]: ...
+
+
+class IndexedTask:
+    """A :class:`Task` whose prompt ``i`` comes from ``spec(i, seed=...)`` alone (KV, MQAR): ``specs`` and
+    ``examples`` follow from it."""
+
+    name: str
+
+    def spec(self, index: int, *, seed: int = 0) -> PromptSpec:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def specs(self, n: int = 64, *, seed: int = 0) -> list[PromptSpec]:
+        if n < 1:
+            raise TaskError(f"n={n}: ask for at least one prompt")
+        return [self.spec(i, seed=seed) for i in range(n)]
+
+    def examples(self, tokenizer: Any, n: int = 64, *, seed: int = 0) -> list[Example]:
+        return [annotate(s, tokenizer) for s in self.specs(n, seed=seed)]
 
 
 # --------------------------------------------------------------------------
@@ -275,15 +316,6 @@ class Batch:
             if hasattr(value, "to"):
                 setattr(self, name, value.to(device))
         return self
-
-
-def pad_id_of(tokenizer: Any) -> int:
-    """The tokenizer's pad id, else its eos id, else 0."""
-    for attr in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, attr, None) if tokenizer is not None else None
-        if value is not None:
-            return int(value)
-    return 0
 
 
 def collate(examples: Sequence[Example], pad_id: int = 0, *, device: Any = None) -> Batch:

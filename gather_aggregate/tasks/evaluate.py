@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gather_aggregate.errors import InputError, TaskError
-from gather_aggregate.tasks.base import Batch, Example, check_context, collate, pad_id_of
+from gather_aggregate.protocol import HookedModel, pad_id_of
+from gather_aggregate.tasks.base import Batch, Example, check_context, collate
 
 if TYPE_CHECKING:  # pragma: no cover
     from jaxtyping import Float
@@ -131,7 +132,7 @@ def logit_diff(logits: Float[Tensor, "batch pos vocab"], batch: Batch) -> Float[
 # --------------------------------------------------------------------------
 # running the model
 # --------------------------------------------------------------------------
-def _logits(model: Any, tokens: Tensor) -> Tensor:
+def _logits(model: HookedModel, tokens: Tensor) -> Tensor:
     out = model(tokens)
     out = getattr(out, "logits", out)
     if not isinstance(out, torch.Tensor) or out.dim() != 3:
@@ -140,14 +141,14 @@ def _logits(model: Any, tokens: Tensor) -> Tensor:
     return out
 
 
-def _forward(model: Any, batch: Batch, fwd_hooks: Hooks | HookFactory) -> Tensor:
+def _forward(model: HookedModel, batch: Batch, fwd_hooks: Hooks | HookFactory) -> Tensor:
     hooks = list(fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks)
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
         return _logits(model, batch.tokens)
 
 
-def _model_device(model: Any) -> torch.device:
+def _model_device(model: HookedModel) -> torch.device:
     dev = getattr(model, "device", None)
     if isinstance(dev, torch.device):
         return dev
@@ -174,7 +175,7 @@ def _progress(total: int, enabled: bool | None, desc: str) -> Any:
     return tqdm(total=total, desc=desc, leave=False)
 
 
-def _resolve_examples(model: Any, task_or_examples: Any, n: int | None, seed: int) -> list[Example]:
+def _resolve_examples(model: HookedModel, task_or_examples: Any, n: int | None, seed: int) -> list[Example]:
     if hasattr(task_or_examples, "examples") and not isinstance(task_or_examples, (list, tuple)):
         tok = getattr(model, "tokenizer", None)
         if tok is None:
@@ -191,7 +192,7 @@ def _resolve_examples(model: Any, task_or_examples: Any, n: int | None, seed: in
 
 
 def evaluate(
-    model: Any,
+    model: HookedModel,
     examples: Any,
     *,
     fwd_hooks: Hooks | HookFactory = (),
@@ -271,7 +272,7 @@ def evaluate(
                       n_rows=len(single) + len(rows), meta={"batch_size": batch_size, "seed": seed})
 
 
-def score_per_candidate(model: Any, example: Example, *, fwd_hooks: Hooks = ()) -> list[float]:
+def score_per_candidate(model: HookedModel, example: Example, *, fwd_hooks: Hooks = ()) -> list[float]:
     """Reference scoring as in the paper's code: one forward per candidate over ``prompt + candidate``.
 
     Returns ``sum_t log p(c_t | ...)`` for each candidate; slow on purpose

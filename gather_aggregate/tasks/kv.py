@@ -22,10 +22,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gather_aggregate.errors import TaskError
-from gather_aggregate.tasks.base import Example, PromptSpec, annotate
+from gather_aggregate.tasks.base import IndexedTask, PromptSpec
 from gather_aggregate.tasks.facts import shipped_words
 
 HEADER = "Memorize the following dictionary:\n"
@@ -56,7 +55,7 @@ def _check_vocab(keys: Sequence[str], values: Sequence[str]) -> None:
 
 
 @dataclass
-class KVRetrieval:
+class KVRetrieval(IndexedTask):
     """KV-retrieval with ``n_pairs`` dictionary entries.
 
     ``keys``/``values``: the vocabularies to draw from (defaults: shipped
@@ -112,11 +111,3 @@ class KVRetrieval:
                   "query_index": q, "index": index, "seed": seed},
             required=required, size_knob=("n_pairs", self.n_pairs, len(HEADER), pos),
         )
-
-    def specs(self, n: int = 64, *, seed: int = 0) -> list[PromptSpec]:
-        if n < 1:
-            raise TaskError(f"n={n}: ask for at least one prompt")
-        return [self.spec(i, seed=seed) for i in range(n)]
-
-    def examples(self, tokenizer: Any, n: int = 64, *, seed: int = 0) -> list[Example]:
-        return [annotate(s, tokenizer) for s in self.specs(n, seed=seed)]

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.tasks.base import Example, collate, pad_id_of
+from gather_aggregate.protocol import pad_id_of
+from gather_aggregate.tasks.base import Example, collate
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor

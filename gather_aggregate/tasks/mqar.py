@@ -21,15 +21,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gather_aggregate.errors import TaskError
-from gather_aggregate.tasks.base import Example, PromptSpec, annotate
+from gather_aggregate.tasks.base import IndexedTask, PromptSpec
 from gather_aggregate.tasks.facts import shipped_words
 
 
 @dataclass
-class MQAR:
+class MQAR(IndexedTask):
     """MQAR with ``n_pairs`` key-value pairs and ``n_queries`` queries (the last one scored)."""
 
     n_pairs: int = 8
@@ -87,11 +86,3 @@ class MQAR:
             required=[(len(prompt) - len(keys[last]), len(prompt), "key")],
             size_knob=("n_pairs", self.n_pairs, 0, ctx_end),
         )
-
-    def specs(self, n: int = 64, *, seed: int = 0) -> list[PromptSpec]:
-        if n < 1:
-            raise TaskError(f"n={n}: ask for at least one prompt")
-        return [self.spec(i, seed=seed) for i in range(n)]
-
-    def examples(self, tokenizer: Any, n: int = 64, *, seed: int = 0) -> list[Example]:
-        return [annotate(s, tokenizer) for s in self.specs(n, seed=seed)]

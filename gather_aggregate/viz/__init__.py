@@ -13,8 +13,9 @@ Names are imported on first use, so ``import gather_aggregate.viz`` is cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gather_aggregate._lazy import lazy_attributes
 
 _LAZY: dict[str, str] = {
     "AttentionView": "gather_aggregate.viz.attention",
@@ -48,14 +49,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.viz.sharpness import row_stats, sharp_vs_smooth  # noqa: F401
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gather_aggregate.viz' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
