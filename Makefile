@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   - set up, then run the demo on the shipped toy zoo
-#   make test   - set up, then run the default test suite
+#   make test   - set up, then ruff, mypy and the default test suite
 #
 # Torch is installed only when the venv has none.  The default is the CPU wheel
 # that this machine carries; GPU users override it, e.g.
@@ -37,7 +37,10 @@ $(STAMP): $(PY) pyproject.toml
 demo: setup
 	$(VENV)/bin/gather-aggregate demo --out ga_out/demo
 
+# Lint and type-check first: a broken contract (HookedModel, Task) fails here, not in a user's notebook.
 test: setup
+	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Everything, slow tests and notebooks included (not in CI's time budget).
@@ -48,7 +51,8 @@ bench: setup
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 lint: setup
-	$(VENV)/bin/ruff check gather_aggregate adapters tests benchmarks
+	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info ga_out

@@ -6,7 +6,7 @@ Mamba mixers (:mod:`.mixers`) plus a hooked attention block (:mod:`.attention`),
 
 * TransformerLens 4.3 has no bridge for Bamba/Jamba/Zamba2, and its bridge
   would hide the SSM mixers behind HF modules whose hooks never fire without
-  ``eager_scan`` (see DESIGN.md §2);
+  ``eager_scan`` (see docs/architecture.md, "Own hooked SSMs and hybrids");
 * ``HookedHybrid`` subclasses :class:`~.model.HookedSSM`, so SSM layers carry
   exactly the pure-SSM hooks, ``head_hook``, implied attention, masking,
   ``start_at_layer``/``stop_at_layer``, input validation and ``check_finite``

@@ -7,7 +7,7 @@ checkpoints; ``docs/results.md`` reports what this driver printed.  Heads are
 never named by hand: they come from the exact ablation scan and the
 Gather/Aggregate pattern scores of the model under test.
 
-Claims (issue 9):
+The claims (of the paper, as reproduced on the toy zoo):
 
 a. the transformer solves KV-retrieval and letter-format MC well above chance;
 b. the scan + detector find <= 2 heads whose ablation takes letter-MC to near

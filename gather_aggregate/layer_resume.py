@@ -35,6 +35,7 @@ positions only (keys and values still at every position).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,9 +45,20 @@ from gather_aggregate.interventions import Edit, edit_hook
 from gather_aggregate.protocol import HookedModel
 from gather_aggregate.readout import ReadoutMetric
 
-#: per layer: (hook of its mixer output, out-projection weight [d_model, n_heads * d_head]) or None; after
-#: :func:`verify`, a third item says whether the (last) layer's mixer is checked to run at the readout rows alone
-Plan = dict[int, "tuple[str, Tensor] | tuple[str, Tensor, bool] | None"]
+
+@dataclass(frozen=True)
+class Resume:
+    """How to resume inside one layer: its mixer output's hook and out-projection ``W`` (``[d_model, n_heads *
+    d_head]``, from ``model.mixer_resume``); ``at_rows``, set by :func:`verify` for the last layer, says its mixer
+    was checked to run at the readout rows alone (``model.mixer_at_rows``)."""
+
+    mixer_hook: str
+    w_out: Tensor
+    at_rows: bool = False
+
+
+#: per layer: its :class:`Resume`, or ``None`` where the forward restarts from the layer's input
+Plan = dict[int, "Resume | None"]
 Fill = Callable[[Edit, Tensor], Tensor]
 
 
@@ -58,14 +70,18 @@ def plan(model: HookedModel, layers: Iterable[int], readout: bool = False) -> Pl
     """The inside-the-layer resume of every layer that offers one (``None`` for the others); with ``readout``
     also of the last layer, where every forward finishes at the readout positions."""
     layers = set(layers) | ({model.n_layers - 1} if readout else set())
-    return {layer: model.mixer_resume(layer) for layer in sorted(layers)}
+    out: Plan = {}
+    for layer in sorted(layers):
+        offered = model.mixer_resume(layer)
+        out[layer] = None if offered is None else Resume(*offered)
+    return out
 
 
 def cache_names(model: HookedModel, plan_: Plan) -> list[str]:
     """Hooks a reference forward must cache for :func:`edited_logits`: every layer's residual input and, where
     resuming inside the layer, its mixer output and head outputs."""
     names = [model.resid_hook(layer) for layer in plan_]
-    names += [n for layer, spec in plan_.items() if spec is not None for n in (spec[0], model.head_hook(layer)[0])]
+    names += [n for layer, spec in plan_.items() if spec is not None for n in (spec.mixer_hook, model.head_hook(layer)[0])]
     return names
 
 
@@ -78,7 +94,7 @@ def verify(model: HookedModel, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
     for layer, spec in plan_.items():
         ok = False
         if spec is not None:
-            name, w_out = spec[0], spec[1].detach()
+            name, w_out = spec.mixer_hook, spec.w_out.detach()
             mixer_out, z = cache[name][:2].float(), cache[model.head_hook(layer)[0]][:2].float()
             offset = mixer_out - z.flatten(-2) @ w_out.float().T  # the bias, the same at every position
             resumed = model.resume_after_mixer(cache[model.resid_hook(layer)][:2], cache[name][:2], layer)
@@ -98,7 +114,7 @@ def verify(model: HookedModel, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
                 if at_rows is not None:
                     rows_ok = bool(torch.allclose(model.resume_after_mixer(resid[:, rows], at_rows, layer).float(),
                                                   want, rtol=1e-4, atol=1e-4))
-        out[layer] = (spec[0], spec[1].detach(), rows_ok) if ok else None
+        out[layer] = Resume(spec.mixer_hook, spec.w_out.detach(), rows_ok) if spec is not None and ok else None
     return out
 
 
@@ -117,7 +133,7 @@ def edited_logits(model: HookedModel, cache: Any, plan_: Plan, layer: int, edits
     if spec is None:
         hooks = [(name, edit_hook(axis, batch, edits, fill))]
         return _finish(model, plan_, stacked, readout, copies, hooks, lambda: model(stacked, start_at_layer=layer))
-    mixer_name, w_out = spec[:2]
+    mixer_name, w_out = spec.mixer_hook, spec.w_out
     z = cache[name]
     d_head = z.shape[-1]
     mixer_out = cache[mixer_name]
@@ -141,11 +157,12 @@ def _finish(model: HookedModel, plan_: Plan, stacked: Tensor, readout: ReadoutMe
             hooks: list[tuple[str, Callable]], run: Callable[[], Tensor]) -> Tensor:
     """``run()`` under ``hooks``; with ``readout``, stopped after the last mixer and finished at its positions."""
     last = model.n_layers - 1
-    if readout is None or plan_.get(last) is None:
+    finish = plan_.get(last)
+    if readout is None or finish is None:
         with model.hooks(fwd_hooks=hooks):
             logits = run()
         return logits if readout is None else readout.select(logits, copies)
-    at_rows = len(plan_[last]) > 2 and plan_[last][2]  # verified: the last mixer can run at the readout rows
+    at_rows = finish.at_rows  # verified: the last mixer can run at the readout rows
     got = {"resid": stacked}  # the last layer's input, when the run starts there
 
     def grab(x: Tensor, hook: Any) -> None:
@@ -158,7 +175,7 @@ def _finish(model: HookedModel, plan_: Plan, stacked: Tensor, readout: ReadoutMe
         raise _Stop
 
     try:
-        with model.hooks(fwd_hooks=[*hooks, (model.resid_hook(last), grab), (plan_[last][0], stop)]):
+        with model.hooks(fwd_hooks=[*hooks, (model.resid_hook(last), grab), (finish.mixer_hook, stop)]):
             run()
     except _Stop:
         pass
@@ -167,5 +184,5 @@ def _finish(model: HookedModel, plan_: Plan, stacked: Tensor, readout: ReadoutMe
         idx = readout.index(resid.shape[0] // copies, resid.shape[1], copies).to(resid.device)
         return model.resume_after_mixer(readout.select(resid, copies), model.mixer_at_rows(resid, idx, last), last)
     if "mixer" not in got:
-        raise RuntimeError(f"the forward never reached {plan_[last][0]!r}; cannot finish at the readout positions")
+        raise RuntimeError(f"the forward never reached {finish.mixer_hook!r}; cannot finish at the readout positions")
     return model.resume_after_mixer(readout.select(resid, copies), readout.select(got["mixer"], copies), last)

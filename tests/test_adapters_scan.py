@@ -105,7 +105,7 @@ def test_scans_differentiable_like_reference():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-# ------------------------------------------------------------------ optional mamba_ssm oracles (DESIGN §7)
+# ------------------------------------------------------------------ optional mamba_ssm oracles (GPU only)
 def _import_mamba_ssm_refs():
     sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
     sys.modules.setdefault("causal_conv1d_cuda", None)  # type: ignore[arg-type]

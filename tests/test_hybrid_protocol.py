@@ -251,7 +251,7 @@ def test_readout_scan_runs_a_last_attention_layer_at_the_read_rows_only(world):
     target = torch.tensor([3, 7, 11])
     at = ReadoutMetric(lambda la: la[:, 0].log_softmax(-1).gather(1, target[:, None]).mean(), torch.tensor([6, 11, 9]))
     _, cache = model.run_with_cache(tokens)
-    assert verify(model, cache, plan(model, [0], readout=True), model(tokens))[2][2] is True
+    assert verify(model, cache, plan(model, [0], readout=True), model(tokens))[2].at_rows is True
     batches = []
     handle = model.blocks[2].attn.register_forward_hook(lambda m, i, o: batches.append(i[0].shape[0]))
     try:

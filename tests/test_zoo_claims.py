@@ -1,4 +1,4 @@
-"""Claims a-d of the paper, measured on the shipped toy zoo (issue 9; numbers and history in docs/results.md).
+"""Claims a-d of the paper, measured on the shipped toy zoo (numbers and history in docs/results.md).
 
 Every head named here comes from the model's own exact scan and Gather/Aggregate
 scores (``gather_aggregate.claims``); nothing is hard-coded.

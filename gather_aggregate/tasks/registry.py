@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import TaskError
+from gather_aggregate.tasks.base import Task
 from gather_aggregate.tasks.facts import FactsTask, FactWorld
 from gather_aggregate.tasks.kv import KVRetrieval
 from gather_aggregate.tasks.mmlu import MMLUTask
 from gather_aggregate.tasks.mqar import MQAR
 
-TASK_NAMES = ("kv", "letter-mc", "content-mc", "knowledge", "mmlu", "mmlu-content", "mqar")
 _ALIASES = {"facts_letter": "letter-mc", "facts_content": "content-mc", "facts_knowledge": "knowledge",
             "letter": "letter-mc", "content": "content-mc", "mmlu_content": "mmlu-content"}
 
@@ -29,8 +30,8 @@ _ALIASES = {"facts_letter": "letter-mc", "facts_content": "content-mc", "facts_k
 def _canonical(name: str) -> str:
     key = name.strip().lower()
     key = _ALIASES.get(key, key.replace("_", "-"))
-    if key not in TASK_NAMES:
-        raise TaskError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    if key not in TASKS:
+        raise TaskError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return key
 
 
@@ -48,7 +49,72 @@ def read_zoo_tasks(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def get_task(name: str, *, model_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
+TaskFactory = Callable[..., Task]
+"""``factory(cfg, model_dir, **kwargs) -> Task``: ``cfg`` is the model directory's ``zoo_tasks.json`` (``{}``
+without one), ``model_dir`` the directory or ``None``, ``kwargs`` the caller's options for the task class."""
+
+
+def _kv(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
+    opts: dict[str, Any] = {}
+    if "kv_keys" in cfg:
+        opts["keys"] = cfg["kv_keys"]
+    if "kv_values" in cfg:
+        opts["values"] = cfg["kv_values"]
+    sizes = cfg.get("kv_dict_sizes_trained")
+    if sizes:
+        opts["n_pairs"] = max(int(s) for s in sizes)
+    return KVRetrieval(**{**opts, **kwargs})
+
+
+def _mqar(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
+    m = dict(cfg.get("mqar") or {})
+    opts = {k: m[k] for k in ("keys", "values", "n_pairs", "n_queries") if k in m}
+    if "keys" not in opts and "kv_keys" in cfg:
+        opts["keys"] = cfg["kv_keys"]
+    if "values" not in opts and "kv_values" in cfg:
+        opts["values"] = cfg["kv_values"]
+    return MQAR(**{**opts, **kwargs})
+
+
+def _mmlu(fmt: str) -> TaskFactory:
+    def factory(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
+        return MMLUTask(fmt=fmt, **kwargs)
+
+    return factory
+
+
+def _facts(fmt: str, key: str) -> TaskFactory:
+    def factory(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
+        world = kwargs.pop("world", None)
+        if world is None:
+            if model_dir is None:
+                raise TaskError(f"task {key!r} needs a fact world: pass model_dir= (with facts.json) or world=")
+            world = FactWorld.load(model_dir)
+        if "letters" in cfg and "letters" not in kwargs and fmt != "knowledge":
+            n_opt = int(kwargs.get("n_options", 4))
+            letters = "".join(cfg["letters"])
+            if len(letters) >= n_opt:
+                kwargs["letters"] = letters[:n_opt]
+        return FactsTask(world=world, fmt=fmt, **kwargs)
+
+    return factory
+
+
+#: Every task by name: ``name -> factory(cfg, model_dir, **kwargs)``.  A new task is one entry here (and its
+#: module in ``tasks/``); ``get_task``, ``for_model_dir`` and the CLI's ``--task`` read this table.
+TASKS: dict[str, TaskFactory] = {
+    "kv": _kv,
+    "letter-mc": _facts("letter", "letter-mc"),
+    "content-mc": _facts("content", "content-mc"),
+    "knowledge": _facts("knowledge", "knowledge"),
+    "mmlu": _mmlu("letter"),
+    "mmlu-content": _mmlu("content"),
+    "mqar": _mqar,
+}
+TASK_NAMES = tuple(TASKS)
+
+
+def get_task(name: str, *, model_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Task:
     """Build task ``name``; with ``model_dir``, from the vocabulary and facts it ships.
 
     ``kwargs`` go to the task class (e.g. ``n_pairs=30``, ``k_shot=5``,
@@ -57,41 +123,10 @@ def get_task(name: str, *, model_dir: str | os.PathLike[str] | None = None, **kw
     """
     key = _canonical(name)
     cfg = read_zoo_tasks(model_dir) if model_dir is not None else {}
-    if key == "kv":
-        opts: dict[str, Any] = {}
-        if "kv_keys" in cfg:
-            opts["keys"] = cfg["kv_keys"]
-        if "kv_values" in cfg:
-            opts["values"] = cfg["kv_values"]
-        sizes = cfg.get("kv_dict_sizes_trained")
-        if sizes:
-            opts["n_pairs"] = max(int(s) for s in sizes)
-        return KVRetrieval(**{**opts, **kwargs})
-    if key == "mqar":
-        m = dict(cfg.get("mqar") or {})
-        opts = {k: m[k] for k in ("keys", "values", "n_pairs", "n_queries") if k in m}
-        if "keys" not in opts and "kv_keys" in cfg:
-            opts["keys"] = cfg["kv_keys"]
-        if "values" not in opts and "kv_values" in cfg:
-            opts["values"] = cfg["kv_values"]
-        return MQAR(**{**opts, **kwargs})
-    if key in ("mmlu", "mmlu-content"):
-        return MMLUTask(fmt="letter" if key == "mmlu" else "content", **kwargs)
-    world = kwargs.pop("world", None)
-    if world is None:
-        if model_dir is None:
-            raise TaskError(f"task {key!r} needs a fact world: pass model_dir= (with facts.json) or world=")
-        world = FactWorld.load(model_dir)
-    fmt = {"letter-mc": "letter", "content-mc": "content", "knowledge": "knowledge"}[key]
-    if "letters" in cfg and "letters" not in kwargs and fmt != "knowledge":
-        n_opt = int(kwargs.get("n_options", 4))
-        letters = "".join(cfg["letters"])
-        if len(letters) >= n_opt:
-            kwargs["letters"] = letters[:n_opt]
-    return FactsTask(world=world, fmt=fmt, **kwargs)
+    return TASKS[key](cfg, None if model_dir is None else Path(model_dir), **kwargs)
 
 
-def for_model_dir(model_dir: str | os.PathLike[str], **kwargs: Any) -> dict[str, Any]:
+def for_model_dir(model_dir: str | os.PathLike[str], **kwargs: Any) -> dict[str, Task]:
     """Every task a model directory supports: ``kv``, ``mqar`` and, with ``facts.json``, the facts tasks.
 
     ``kwargs`` are per-task overrides: ``for_model_dir(d, kv={"n_pairs": 8})``.
