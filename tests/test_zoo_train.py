@@ -23,7 +23,7 @@ from gather_aggregate.training.data import (
     recall_eval_items,
     sample_doc,
 )
-from gather_aggregate.training.quick_eval import ablate_heads, eval_suite, evaluate
+from gather_aggregate.training.quick_eval import ablate_heads, eval_suite, suite_accuracies
 from gather_aggregate.training.vocab import build_tokenizer, make_world, split_words
 
 WORLD = make_world(0)
@@ -230,7 +230,7 @@ def test_20_step_smoke_run_writes_a_loadable_model_directory(arch, tmp_path):
         assert torch.isfinite(model(input_ids=ids).logits).all()
     # the logged metrics are reproduced by re-evaluating the saved checkpoint
     suite = eval_suite(WORLD, seed=10_000, n=8)
-    again = evaluate(model, suite, WORLD.vocab(), WORLD.vocab()["<pad>"])
+    again = suite_accuracies(model, suite, WORLD.vocab(), WORLD.vocab()["<pad>"])
     assert again == {k: log[-1][k] for k in again}
 
 

@@ -74,7 +74,7 @@ def eval_suite(world: World, seed: int, n: int, kv_sizes: Iterable[int] = (4, 8,
     return suite
 
 
-def evaluate(model: Any, suite: dict[str, list[EvalItem]], vocab: dict[str, int], pad_id: int) -> dict[str, float]:
+def suite_accuracies(model: Any, suite: dict[str, list[EvalItem]], vocab: dict[str, int], pad_id: int) -> dict[str, float]:
     return {name: round(accuracy(model, items, vocab, pad_id), 4) for name, items in suite.items()}
 
 

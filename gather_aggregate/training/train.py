@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from gather_aggregate.training.data import Mixture, collate, length_bucketed, sample_doc
-from gather_aggregate.training.quick_eval import eval_suite, evaluate
+from gather_aggregate.training.quick_eval import eval_suite, suite_accuracies
 from gather_aggregate.training.vocab import PAD, World, build_tokenizer, make_world, save_world
 
 ARCHS = ("llama", "mamba2", "mamba1", "bamba")
@@ -264,7 +264,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         last = (step == cfg.steps - 1 or minutes > cfg.max_minutes
                 or (cfg.stop_after is not None and step + 1 >= cfg.stop_after))
         if (step + 1) % cfg.eval_every == 0 or last:
-            metrics = evaluate(model, suite, vocab, pad_id)
+            metrics = suite_accuracies(model, suite, vocab, pad_id)
             row = {"step": step + 1, "minutes": round(minutes, 2), "loss": round(run_loss / run_n, 4),
                    "lr": lr_at(step, cfg), "kv_max": kv_max_at(step, cfg), **metrics}
             with log_path.open("a") as f:
