@@ -14,11 +14,11 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gather_aggregate.errors import TaskError
 from gather_aggregate.tasks.base import Task
-from gather_aggregate.tasks.facts import FactsTask, FactWorld
+from gather_aggregate.tasks.facts import FactFormat, FactsTask, FactWorld
 from gather_aggregate.tasks.kv import KVRetrieval
 from gather_aggregate.tasks.mmlu import MMLUTask
 from gather_aggregate.tasks.mqar import MQAR
@@ -76,14 +76,14 @@ def _mqar(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
     return MQAR(**{**opts, **kwargs})
 
 
-def _mmlu(fmt: str) -> TaskFactory:
+def _mmlu(fmt: Literal["letter", "content"]) -> TaskFactory:
     def factory(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
         return MMLUTask(fmt=fmt, **kwargs)
 
     return factory
 
 
-def _facts(fmt: str, key: str) -> TaskFactory:
+def _facts(fmt: FactFormat, key: str) -> TaskFactory:
     def factory(cfg: dict[str, Any], model_dir: Path | None, **kwargs: Any) -> Task:
         world = kwargs.pop("world", None)
         if world is None:
