@@ -136,7 +136,8 @@ class Task(Protocol):
     :data:`gather_aggregate.tasks.registry.TASKS`.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def specs(self, n: int = ..., *, seed: int = 0) -> list[PromptSpec]: ...
 
