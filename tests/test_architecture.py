@@ -195,3 +195,12 @@ def test_one_list_of_model_types_and_the_docs_table_agrees():
     for model_type, module in HYBRID_FAMILIES.items():  # every family module exists where the table says
         path = ROOT / "adapters" / "families" / f"{module.rsplit('.', 1)[1]}.py"
         assert path.is_file(), f"{model_type}: {path} is missing"
+
+
+def test_make_test_lints_and_type_checks_before_the_suite():
+    """CI runs ``make test``; its recipe runs ruff and mypy (configured in pyproject.toml) before pytest."""
+    make = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = make.split("\ntest: setup\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    steps = [line.split("-m ")[1].split()[0] for line in recipe if "-m " in line]
+    assert steps == ["ruff", "mypy", "pytest"]
+    assert "[tool.mypy]" in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
