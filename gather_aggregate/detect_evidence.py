@@ -44,9 +44,12 @@ READ_CHOICES = (*READS, "auto")
 GATHER_MIN_LIFT = 2.0
 GATHER_MIN_MASS = 0.1
 #: ... an Aggregate pattern candidate when its query row gives the correct segment more than any wrong segment in
-#: at least half the prompts (chance: 1 / segments) and at least twice the uniform row's share
+#: at least half the prompts (chance: 1 / segments), at least twice the uniform row's share, and on average at
+#: least twice what it gives the best wrong segment (a head fixed on one position, e.g. a previous-token head
+#: landing on the last segment, hits whenever that segment is the right one, but gives wrong ones as much)
 AGGREGATE_MIN_HIT = 0.5
 AGGREGATE_MIN_LIFT = 2.0
+AGGREGATE_MIN_CONTRAST = 2.0
 
 
 def _read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
@@ -153,7 +156,8 @@ def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 1
 
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
     """Aggregate pattern candidate (thresholds: module constants, meaning in the module docstring)."""
-    return row["aggregate_hit"] >= AGGREGATE_MIN_HIT and row["aggregate_lift"] >= AGGREGATE_MIN_LIFT
+    return (row["aggregate_hit"] >= AGGREGATE_MIN_HIT and row["aggregate_lift"] >= AGGREGATE_MIN_LIFT
+            and row["aggregate"] >= AGGREGATE_MIN_CONTRAST * row["aggregate_wrong"])
 
 
 def gather_values(row: dict[str, Any], read: str) -> tuple[float, float]:
