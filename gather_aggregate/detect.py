@@ -150,6 +150,13 @@ def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor)
     return ((on_correct - on_other) * has_correct[:, None].float()).sum(0)
 
 
+#: the per-head numbers behind each decision (JSON ``decisions``, CSV columns, the report's detector table)
+DECISION_COLUMNS = ("layer", "head", "kind", "role", "gather_mass", "gather_lift", "aggregate_on_correct",
+                    "aggregate_wrong", "aggregate_lift", "aggregate_beats_wrong", "gather_alone", "aggregate_alone",
+                    "gather_give_back", "aggregate_give_back", "gather_random_median", "aggregate_random_median",
+                    "rule")
+
+
 @dataclass
 class GAHeads:
     """Named Gather and Aggregate heads and G→A pairs, with the evidence for each (:mod:`gather_aggregate.detect_rules`).
@@ -182,7 +189,8 @@ class GAHeads:
                 "pairs": [[list(g), list(a)] for g, a in self.pairs], "reading": dict(self.reading),
                 "read_why": self.read_why,
                 "evidence": [[*hd, why] for hd, why in self.evidence.items()], "joint_drop": dict(self.joint_drop),
-                "groups": self.groups, "pair_loss": self.pair_loss, "margin": dict(self.margin)}
+                "groups": self.groups, "pair_loss": self.pair_loss, "margin": dict(self.margin),
+                "decisions": [{k: r.get(k) for k in DECISION_COLUMNS} for r in self.table]}
 
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once)."""
@@ -253,7 +261,9 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, read
     if reading not in READINGS:
         raise InputError(f"reading must be one of {', '.join(READINGS)}, got {reading!r}")
     res = decide(model, examples, read=reading, max_candidates=max_candidates, seed=seed, batch_size=batch_size)
-    extra = {(r["layer"], r["head"]): r for r in (scores or [])}
+    if scores is None:  # the paper's summary-token scores, as columns beside the detector's own
+        scores = pattern_scores(model, examples, batch_size=batch_size)
+    extra = {(r["layer"], r["head"]): r for r in scores}
     drops = scan.scores() if scan is not None else {}
     table = []
     for row in res["heads"]:
@@ -262,7 +272,7 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, read
         if drops:
             merged["ablation_drop"] = drops.get(hd, float("nan"))
         table.append(merged)
-    for key, col in (("z_gather", "gather"), ("z_aggregate", "aggregate")) + ((("z_ablation", "ablation_drop"),)
+    for key, col in (("z_gather", "gather_mass"), ("z_aggregate", "aggregate_on_correct")) + ((("z_ablation", "ablation_drop"),)
                                                                                  if drops else ()):
         for row, zz in zip(table, zscores([r[col] for r in table])):
             row[key] = zz
@@ -274,6 +284,8 @@ def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, read
             evidence.setdefault(hd, "alone" if len(named) == 1 else "joint")
         if named:
             joint[role] = res["groups"][role]["loss"]
+    for row in table:
+        row["evidence"] = evidence.get((row["layer"], row["head"]), "")
     return GAHeads(table, list(res["gather"]), list(res["aggregate"]), list(res["pairs"]),
                    reading={"gather": res["read"], "aggregate": "segment"}, evidence=evidence, joint_drop=joint,
                    groups=res["groups"], pair_loss=res["pair_loss"],

@@ -20,10 +20,14 @@ The previous token counts: in a two-token segment ``k v`` a previous-token head 
 the value token.  A previous-token head that gathers nothing the model uses is left out by the causal test, not
 by its pattern (``gather_excl_prev@`` reports the mass without that token, for the reader).
 
-**Aggregate mass** of a head: the mass the query row puts on the correct segment (any of its tokens), with
-``aggregate_wrong`` the largest mass it puts on one wrong segment (per prompt, averaged), ``aggregate_uniform`` the
-uniform row's share of the correct segment, ``aggregate_lift`` = mass / uniform and ``aggregate_hit`` the share of
-prompts whose correct segment gets more of the row than every wrong one (chance: 1 / number of segments).
+**Aggregate mass** of a head: ``aggregate_on_correct``, the mass the query row puts on the correct segment (any of
+its tokens), with ``aggregate_wrong`` the largest mass it puts on one wrong segment (per prompt, averaged),
+``aggregate_uniform`` the uniform row's share of the correct segment, ``aggregate_lift`` = mass / uniform and
+``aggregate_beats_wrong`` the share of prompts whose correct segment gets more of the row than every wrong one
+(chance: 1 / number of segments).
+
+(Row keys: ``gather@READ``, ``gather_uniform@READ``, ``gather_excl_prev@READ`` per read position; the detector
+copies the chosen read's values to ``gather_mass`` and ``gather_lift``.)
 """
 
 from __future__ import annotations
@@ -146,9 +150,10 @@ def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 1
                 row[f"gather_excl_prev@{read}"] = (float(sums[(info.index, f"gather_excl_prev@{read}")][h]) / n
                                                    if n else float("nan"))
             n = counts["a"]
-            for name in ("aggregate", "aggregate_wrong", "aggregate_uniform", "aggregate_hit"):
-                row[name] = float(sums[(info.index, name)][h]) / n
-            row["aggregate_lift"] = row["aggregate"] / max(row["aggregate_uniform"], 1e-12)
+            for name, col in (("aggregate", "aggregate_on_correct"), ("aggregate_wrong", "aggregate_wrong"),
+                              ("aggregate_uniform", "aggregate_uniform"), ("aggregate_hit", "aggregate_beats_wrong")):
+                row[col] = float(sums[(info.index, name)][h]) / n
+            row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
             row["read_profile"] = [float(sums[(info.index, f"profile{o}")][h]) / n for o in range(max_off)]
             out[(info.index, h)] = row
     return {"heads": out, "reads": list(reads)}
@@ -156,8 +161,8 @@ def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 1
 
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
     """Aggregate pattern candidate (thresholds: module constants, meaning in the module docstring)."""
-    return (row["aggregate_hit"] >= AGGREGATE_MIN_HIT and row["aggregate_lift"] >= AGGREGATE_MIN_LIFT
-            and row["aggregate"] >= AGGREGATE_MIN_CONTRAST * row["aggregate_wrong"])
+    return (row["aggregate_beats_wrong"] >= AGGREGATE_MIN_HIT and row["aggregate_lift"] >= AGGREGATE_MIN_LIFT
+            and row["aggregate_on_correct"] >= AGGREGATE_MIN_CONTRAST * row["aggregate_wrong"])
 
 
 def gather_values(row: dict[str, Any], read: str) -> tuple[float, float]:

@@ -67,7 +67,7 @@ def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candi
     prober = Prober(model, examples, batch_size=batch_size)
     kinds = {hd: r["kind"] for hd, r in heads.items()}
     for hd, r in heads.items():
-        r["gather"], r["gather_lift"] = gather_values(r, read_used)
+        r["gather_mass"], r["gather_lift"] = gather_values(r, read_used)
         r["gather_candidate"] = is_gather_candidate(r, read_used)
         r["aggregate_candidate"] = is_aggregate_candidate(r)
     result: dict[str, Any] = {"read": read_used, "read_why": why, "clean": prober.clean, "chance": prober.chance,

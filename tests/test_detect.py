@@ -123,7 +123,7 @@ def test_a_lone_gather_head_is_named_beside_a_bigger_unrelated_head(tiny):
     assert count_hooks(model) == 0 and param_checksum(model) == before
     for hd in g | a:  # every decision explained
         r = row[hd]
-        assert {"gather", "gather_lift", "aggregate", "aggregate_wrong", "aggregate_uniform", "gather_alone",
+        assert {"gather_mass", "gather_lift", "aggregate_on_correct", "aggregate_wrong", "aggregate_uniform", "gather_alone",
                 "aggregate_alone", "gather_random_median", "rule"} <= set(r) and r["rule"]
 
 
