@@ -23,6 +23,8 @@ def _examples(model, d):
 
     if (d / "fixture.json").is_file():
         return RecordsRetrieval.for_model(d).examples(model.tokenizer, n=N, seed=0)
+    if d.name.startswith("mqar"):
+        return get_task("mqar", model_dir=d, n_pairs=8, n_queries=1).examples(model.tokenizer, n=N, seed=0)
     return get_task("kv", model_dir=d, n_pairs=8).examples(model.tokenizer, n=N, seed=0)
 
 
