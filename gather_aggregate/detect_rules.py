@@ -75,6 +75,10 @@ def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candi
                               "pair_loss": {}, "thresholds": {"keep_min": KEEP_MIN, "name_min": NAME_MIN,
                                                               "pair_min": PAIR_MIN, "n_random": N_RANDOM,
                                                               "min_margin": MIN_MARGIN}}
+    for r in heads.values():  # every row has every column, also when nothing is tested
+        for role in WHERE:
+            for col in ("alone", "give_back", "group_loss", "random_median"):
+                r.setdefault(f"{role}_{col}", float("nan"))
     if prober.margin < MIN_MARGIN:
         for r in heads.values():
             r["role"], r["rule"] = "", (f"not named: the model retrieves within {MIN_MARGIN} nats of chance "
