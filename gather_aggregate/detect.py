@@ -42,21 +42,22 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 
 def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(examples[i:i + size]) for i in range(0, len(examples), size)]
 
 
-def pattern_scores(model: Any, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
+def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
                    batch_size: int = 16, gather_any: bool = False, **pattern_kwargs: Any) -> list[dict[str, Any]]:
     """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head.
 
     ``gather_any=True`` adds ``gather_segment`` (see the module docstring); it computes every row of each
     pattern, so it costs ``batch x heads x pos²`` memory per layer.
     """
-    from gather_aggregate.tasks.base import collate, pad_id_of
+    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.tasks.base import collate
 
     examples = list(examples)
     if not examples:
@@ -240,7 +241,7 @@ def zscores(values: list[float]) -> list[float]:
 READINGS = ("auto", "summary", "last-1", "last-2")
 
 
-def find_ga_heads(model: Any, examples: Sequence[Any], scan: Any = None, *, reading: str = "auto",
+def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, reading: str = "auto",
                   scores: list[dict[str, Any]] | None = None, batch_size: int = 16, max_candidates: int = 12,
                   seed: int = 0, z: float | None = None) -> GAHeads:
     """Name Gather / Aggregate heads by the rule of :mod:`gather_aggregate.detect_rules`: chance-relative pattern

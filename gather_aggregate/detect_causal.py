@@ -38,7 +38,8 @@ class Prober:
     """Runs interventions on one set of prompts and scores them as a share of the retrieval margin."""
 
     def __init__(self, model: Any, examples: Sequence[Any], *, batch_size: int = 64):
-        from gather_aggregate.tasks.base import collate, pad_id_of
+        from gather_aggregate.protocol import pad_id_of
+        from gather_aggregate.tasks.base import collate
 
         self.model = model
         self.batches = [collate(list(examples[i:i + batch_size]), pad_id_of(model.tokenizer), device=model.device)
@@ -92,7 +93,8 @@ class Prober:
         """Mean candidate log-prob with ``ablate[where]`` heads zeroed at ``where``, ``patch[head]`` (per batch a
         ``[b, d]`` tensor) written into that head's output at the query position, and the query-position outputs
         of ``capture`` returned (per head, per batch)."""
-        parts, captured = [], {hd: [] for hd in capture}
+        parts: list[Tensor] = []
+        captured: dict[Head, list[Tensor]] = {hd: [] for hd in capture}
         for bi, (b, masks) in enumerate(zip(self.batches, self.masks)):
             hooks: list[tuple[str, Any]] = []
             for where, heads in (ablate or {}).items():
@@ -102,17 +104,19 @@ class Prober:
             for (la, h), vals in (patch or {}).items():
                 name, axis = self.model.head_hook(la)
 
-                def put(z: Tensor, hook: Any, h: int = h, axis: int = axis, v: Tensor = vals[bi]) -> Tensor:
+                def put(z: Tensor, hook: Any, h: int = h, axis: int = axis, v: Tensor = vals[bi], rows: Tensor = rows,
+                        qpos: Tensor = b.query_pos) -> Tensor:
                     z = z.clone()
-                    z.select(axis, h)[rows, b.query_pos] = v.to(z.dtype)
+                    z.select(axis, h)[rows, qpos] = v.to(z.dtype)
                     return z
 
                 hooks.append((name, put))
             for la, h in capture:
                 name, axis = self.model.head_hook(la)
 
-                def grab(z: Tensor, hook: Any, hd: Head = (la, h), axis: int = axis) -> Tensor:
-                    captured[hd].append(z.select(axis, hd[1])[rows, b.query_pos].detach().clone())
+                def grab(z: Tensor, hook: Any, hd: Head = (la, h), axis: int = axis, rows: Tensor = rows,
+                         qpos: Tensor = b.query_pos) -> Tensor:
+                    captured[hd].append(z.select(axis, hd[1])[rows, qpos].detach().clone())
                     return z
 
                 hooks.append((name, grab))
@@ -164,7 +168,7 @@ N_RANDOM = 10
 
 
 def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Sequence[Head], kinds: dict[Head, str],
-                  seed: int = 0) -> list[float]:
+                  seed: int = 0) -> tuple[list[float], bool]:
     """Losses of ``N_RANDOM`` random head sets with as many heads of each kind as ``group``, drawn from ``pool``
     (the heads outside the group), ablated at the same positions; and whether the kinds could be matched.  Where
     the group holds (nearly) every head of a kind (all four attention heads of a hybrid), the draw takes as many

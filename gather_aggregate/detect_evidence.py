@@ -72,7 +72,8 @@ def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 1
     """Per head (``(layer, head)`` → dict) the masses of the module docstring at every read position in ``reads``,
     plus ``read_profile``: per offset from the segment's end (0 = last token), each head's mean query-row mass on
     that token of the correct segment (how :func:`choose_read` finds where the model reads)."""
-    from gather_aggregate.tasks.base import collate, pad_id_of
+    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.tasks.base import collate
 
     examples = list(examples)
     if not examples:
@@ -186,7 +187,7 @@ def choose_read(heads: dict[tuple[int, int], dict[str, Any]], reads: Sequence[st
     if aggs:
         prof = [sum(r["read_profile"][o] for r in aggs) for o in range(len(aggs[0]["read_profile"]))]
         off = max(range(len(prof)), key=lambda o: prof[o])
-        read = names.get(off)
+        read = names.get(off, "")
         if read in reads:
             return read, (f"the Aggregate candidates' query rows weigh the correct segment's token {off} before its "
                           f"end most ({prof[off]:.2f} summed over {len(aggs)} heads)")

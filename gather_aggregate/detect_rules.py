@@ -66,7 +66,7 @@ def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candi
         read_used, why = read, "given"
     prober = Prober(model, examples, batch_size=batch_size)
     kinds = {hd: r["kind"] for hd, r in heads.items()}
-    for hd, r in heads.items():
+    for r in heads.values():
         r["gather_mass"], r["gather_lift"] = gather_values(r, read_used)
         r["gather_candidate"] = is_gather_candidate(r, read_used)
         r["aggregate_candidate"] = is_aggregate_candidate(r)

@@ -93,7 +93,7 @@ class CircuitModel(HookedRootModule, ProtocolMixin):
         pats: dict[str, Tensor] = {"sink": sink, "self": eye}
         g = sink.clone()
         segs = self._segments(toks)
-        for s, e, r in segs:
+        for s, _e, r in segs:
             g[r] = 0.0
             g[r, s:r] = 1.0 / (r - s)
         pats["gather"] = g
@@ -142,7 +142,7 @@ class CircuitModel(HookedRootModule, ProtocolMixin):
         B, L = tokens.shape
         causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
         for i, spec in enumerate(self.heads_spec):
-            pats, srcs = [], []
+            pats = []
             for role in spec:
                 if role == "aggregate":
                     s = self.beta * torch.einsum("bqv,bkv->bqk", x[..., 2 * V:3 * V], x[..., V:2 * V])

@@ -53,7 +53,7 @@ def configs() -> list[dict[str, Any]]:
 
 
 def world() -> tuple[Any, Any]:
-    from gather_aggregate.zoo.vocab import build_tokenizer, make_world
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
 
     w = make_world(seed=5, n_entities=16, n_keys=24, n_values=24)
     return w, build_tokenizer(w)

@@ -22,7 +22,7 @@ def planted():
     from planted import PlantedModel
 
     from gather_aggregate.tasks.kv import KVRetrieval
-    from gather_aggregate.zoo.vocab import build_tokenizer, make_world
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
 
     world = make_world(seed=0)
     tok = build_tokenizer(world)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from planted_matrix import configs, run, world
 
 CONFIGS = configs()

@@ -321,22 +321,11 @@ def test_for_model_dir_uses_shipped_vocabulary(tmp_path):
     assert set(for_model_dir(tmp_path)) == {"kv", "mqar"}
 
 
-def test_formats_match_the_zoo_training_data():
-    data = pytest.importorskip("gather_aggregate.zoo.data")
-    from gather_aggregate.tasks import knowledge_prompt, mc_prompt
-
-    pairs = [("bado", "117"), ("kime", "12")]
-    assert data.kv_prompt(pairs, "kime") == kv_prompt(pairs, "kime")
-    opts = [("A", "red"), ("B", "light blue")]
-    assert data.mc_prompt("color", "Tirek", opts) == mc_prompt("color", "Tirek", ["red", "light blue"])
-    assert data.knowledge_prompt("color", "Tirek") == knowledge_prompt("color", "Tirek")
-
-
 def test_annotations_that_do_not_survive_the_tokenizer_are_refused():
     """Issue 19: a user's word-level tokenizer that does not know the task's keys (or its line end) must not turn
     them into <unk> silently: the task refuses, naming the token."""
     from gather_aggregate.tasks.kv import KVRetrieval
-    from gather_aggregate.zoo.vocab import build_tokenizer, make_world
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
 
     world = make_world(0)
     tok = build_tokenizer(world)
