@@ -242,7 +242,7 @@ READINGS = ("auto", "summary", "last-1", "last-2")
 
 
 def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, reading: str = "auto",
-                  scores: list[dict[str, Any]] | None = None, batch_size: int = 16, max_candidates: int = 12,
+                  scores: list[dict[str, Any]] | None = None, batch_size: int = 16, max_candidates: int = 64,
                   seed: int = 0, z: float | None = None) -> GAHeads:
     """Name Gather / Aggregate heads by the rule of :mod:`gather_aggregate.detect_rules`: chance-relative pattern
     masses make candidates, position-restricted joint ablation (greedy peeling) forms each role's group, a group is
