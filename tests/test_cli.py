@@ -110,7 +110,8 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     assert set(summary["accuracy"][name]) == {"kv", "letter-mc", "content-mc", "knowledge"}
     assert [r["k"] for r in summary["cumulative_ablation"][name]] == [0, 1, 2, 4]
     ga = summary["ga_heads"][name]
-    assert set(ga) == {"gather", "aggregate", "pairs", "reading", "evidence", "joint_drop"}
+    assert {"gather", "aggregate", "pairs", "reading", "evidence", "joint_drop", "groups", "decisions"} <= set(ga)
+    assert all(d["rule"] for d in ga["decisions"])  # every head's decision explained
     why = {(la, h): ev for la, h, ev in ga["evidence"]}
     assert {tuple(hd) for hd in ga["gather"] + ga["aggregate"]} == set(why) and set(why.values()) <= {"alone", "joint"}
     assert all(g[0] < a[0] for g, a in ga["pairs"])
