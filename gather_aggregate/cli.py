@@ -62,11 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="heads to ablate as L.H pairs, comma separated (e.g. 1.0,1.3)")
             p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero")
         if name == "detect":
-            p.add_argument("--z", type=float, default=1.5,
-                           help="how far (in standard deviations) a head's pattern score and ablation drop must "
-                                "stand out (default 1.5)")
-            p.add_argument("--reading", choices=["auto", "summary", "segment"], default="auto",
-                           help="read each role at the segment's summary token, at any of its tokens, or auto")
+            p.add_argument("--reading", choices=["auto", "summary", "last-1", "last-2"], default="auto",
+                           help="where a segment is read: the task's summary token, one or two tokens before the "
+                                "segment's last, or auto (where the Aggregate heads read; reported)")
         if name == "pattern":
             p.add_argument("--layer", type=int, default=0)
             p.add_argument("--heads", default="", help="head indices, comma separated (default all)")

@@ -126,9 +126,9 @@ def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
     for m, rows in s["cumulative_ablation"].items():
         for r in rows:
             print(f"{m:<14}{r['k']:>3}" + "".join(f"{r[t]:>12.3f}" for t in TASKS) + f"  {r['heads']}")
-    print("\nG&A heads found: each head's evidence is 'alone' (its own ablation stands out in the scan) or 'joint'")
-    print("(the role's redundant heads, removed together); '@segment': the score read at a segment's best token,")
-    print("not its summary.  Then the G->A pairs and the mean entropy of the strongest Aggregate head's final row:")
+    print("\nG&A heads found: 'alone' (the role's group is that one head) or 'joint' (a group named together, each")
+    print("head needed once the others are removed); '@last-1': segments read one token before their last.  Then")
+    print("the G->A pairs (path patching) and the mean entropy of the strongest Aggregate head's final row:")
     for m, g in s["ga_heads"].items():
         h = s["aggregate_row_head"][m]
         print(f"{m:<14} gather {_named(g, 'gather'):<24} aggregate {_named(g, 'aggregate'):<40} "
@@ -143,7 +143,7 @@ def _named(g: dict[str, Any], role: str) -> str:
     for la, h in g[role]:
         by_ev.setdefault(evidence[(la, h)], []).append(f"L{la}H{h}")
     text = " ".join(f"{' '.join(hs)} ({ev})" for ev, hs in by_ev.items()) or "-"
-    return text + (" @segment" if g["reading"][role].endswith("_segment") and g[role] else "")
+    return text + (f" @{g['reading']['gather']}" if role == "gather" and g[role] else "")
 
 
 def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], scans: dict[str, Any],
@@ -173,16 +173,16 @@ def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], sc
         for r in tables[m]:
             rows.append({**r, "ablation_drop": drops.get((r["layer"], r["head"]), math.nan)})
         g = summary["ga_heads"][m]
-        read = (g["reading"]["gather"], g["reading"]["aggregate"])  # the scores the detector named heads by
-        sections.append(Figure(head_score_heatmaps(rows, ("ablation_drop", *read), title=f"{m}: head scores"),
+        read = (g["reading"]["gather"], g["reading"]["aggregate"])  # where the detector read the segments
+        sections.append(Figure(head_score_heatmaps(rows, ("ablation_drop", "gather", "aggregate"),
+                                                   title=f"{m}: head scores"),
                                title=f"{m}: head scores"))
-        joint = (", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items())
-                 or "none measured (fewer than two candidates to try together)")
+        joint = ", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items()) or "no group named"
         sections.append(KeyValues({"Gather heads": _named(g, "gather"), "Aggregate heads": _named(g, "aggregate"),
                                    "G→A pairs": ", ".join(f"L{a[0]}H{a[1]} → L{b[0]}H{b[1]}" for a, b in g["pairs"])
                                    or "none",
-                                   "read at": f"{read[0]} / {read[1]}",
-                                   "joint drop of the redundant candidates (nats)": joint,
+                                   "segments read at": f"{read[0]} ({g.get('read_why', '')})",
+                                   "group loss (share of the retrieval margin)": joint,
                                    "scan top-4": str(summary["top_scan_heads"][m])},
                                   title=f"{m}: detected heads"))
     curve_rows = [{"series": f"{m} · {t}", "n_ablated": r["k"], "accuracy": r[t]}

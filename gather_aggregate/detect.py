@@ -151,18 +151,25 @@ def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor)
     return ((on_correct - on_other) * has_correct[:, None].float()).sum(0)
 
 
+#: the per-head numbers behind each decision (JSON ``decisions``, CSV columns, the report's detector table)
+DECISION_COLUMNS = ("layer", "head", "kind", "role", "gather_mass", "gather_lift", "aggregate_on_correct",
+                    "aggregate_wrong", "aggregate_lift", "aggregate_beats_wrong", "gather_alone", "aggregate_alone",
+                    "gather_give_back", "aggregate_give_back", "gather_random_median", "aggregate_random_median",
+                    "rule")
+
+
 @dataclass
 class GAHeads:
-    """Candidate Gather and Aggregate heads and G→A pairs, with the evidence for each.
+    """Named Gather and Aggregate heads and G→A pairs, with the evidence for each (:mod:`gather_aggregate.detect_rules`).
 
-    ``reading`` says which pattern score named each role (``"gather"`` or
-    ``"gather_segment"``; ``"aggregate"`` or ``"aggregate_segment"``);
-    ``evidence`` says, per named head, why the ablation scan confirms it:
-    ``"pattern"`` (no scan given), ``"alone"`` (its own drop stands out) or
-    ``"joint"`` (it is one of the role's pattern candidates that, removed
-    together, cost a material amount that stands out from the unimportant
-    heads; see :func:`find_ga_heads`);
-    ``joint_drop`` holds each role's joint drop where one was measured.
+    ``reading`` says where segments were read (``reading["gather"]``: ``summary``, ``last-1`` or ``last-2``, the
+    read position the Gather masses were taken at; ``reading["aggregate"]``: always ``segment``, the query row's mass
+    on the whole correct segment) and ``read_why`` why; ``evidence`` per named head is ``"alone"`` (its role's group
+    is that one head) or ``"joint"`` (one of a group that is named together); ``joint_drop`` holds each role's group
+    loss as a share of the retrieval margin (1 = retrieval taken to chance); ``groups`` the whole record per role
+    (candidates, peeling steps, random-set losses, verdict); ``pair_loss`` the path-patching numbers.  ``table`` has
+    one row per head with its pattern masses, its losses alone and in its group, the random baseline and ``rule``:
+    the sentence that named it or left it out.
     """
 
     table: list[dict[str, Any]]
@@ -172,13 +179,19 @@ class GAHeads:
     reading: dict[str, str] = field(default_factory=dict)
     evidence: dict[Head, str] = field(default_factory=dict)
     joint_drop: dict[str, float] = field(default_factory=dict)
+    groups: dict[str, Any] = field(default_factory=dict)
+    pair_loss: dict[str, Any] = field(default_factory=dict)
+    margin: dict[str, float] = field(default_factory=dict)
+    read_why: str = ""
 
     def summary(self) -> dict[str, Any]:
-        """The named heads, JSON-ready: ``gather``, ``aggregate`` and ``pairs`` as lists, ``reading``,
-        ``evidence`` as ``[layer, head, why]`` rows and ``joint_drop``."""
+        """The named heads and the evidence, JSON-ready."""
         return {"gather": [list(h) for h in self.gather], "aggregate": [list(h) for h in self.aggregate],
                 "pairs": [[list(g), list(a)] for g, a in self.pairs], "reading": dict(self.reading),
-                "evidence": [[*hd, why] for hd, why in self.evidence.items()], "joint_drop": dict(self.joint_drop)}
+                "read_why": self.read_why,
+                "evidence": [[*hd, why] for hd, why in self.evidence.items()], "joint_drop": dict(self.joint_drop),
+                "groups": self.groups, "pair_loss": self.pair_loss, "margin": dict(self.margin),
+                "decisions": [{k: r.get(k) for k in DECISION_COLUMNS} for r in self.table]}
 
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once)."""
@@ -225,132 +238,56 @@ def zscores(values: list[float]) -> list[float]:
     return [0.0 if sd == 0 else (v - mean) / sd for v in finite]
 
 
-READINGS = ("summary", "segment", "auto")
+READINGS = ("auto", "summary", "last-1", "last-2")
 
 
-def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, z: float = 1.5,
-                  max_heads: int = 10, scores: list[dict[str, Any]] | None = None,
-                  batch_size: int = 16, reading: str = "auto", joint: bool = True) -> GAHeads:
-    """Name candidate Gather / Aggregate heads from pattern scores and (optionally) an ablation scan.
+def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, reading: str = "auto",
+                  scores: list[dict[str, Any]] | None = None, batch_size: int = 16, max_candidates: int = 64,
+                  seed: int = 0, z: float | None = None) -> GAHeads:
+    """Name Gather / Aggregate heads by the rule of :mod:`gather_aggregate.detect_rules`: chance-relative pattern
+    masses make candidates, position-restricted joint ablation (greedy peeling) forms each role's group, a group is
+    named when it beats random head sets of the same size and kinds, and path patching pairs Gather with Aggregate
+    heads.  One setting serves every model; nothing is decided by a z-score.
 
-    A head is a *pattern candidate* for a role when its score stands out
-    (z-score ≥ ``z`` over all heads).  ``k`` equal standouts among ``n``
-    heads reach a z-score of about ``sqrt((n - k) / k)`` at most, so the
-    default 1.5 still finds a role shared by 4 of 16 heads (1.7), which 2.0
-    would miss.  ``reading`` picks the score per role:
-    ``"summary"`` reads the segment's summary token (``gather``,
-    ``aggregate``: the paper's reading), ``"segment"`` any of its tokens
-    (``gather_segment``, ``aggregate_segment``), and ``"auto"`` the segment
-    score only where some head shows it far more strongly than any head shows
-    the summary score (:func:`gather_reading`, :func:`aggregate_reading`).
-
-    With a scan, a candidate is named when its own ablation drop stands out
-    too (z ≥ ``z`` over the scan's drops).  Redundant heads (several Aggregate
-    heads reading the same segment) each cost little alone, so with ``joint``
-    the candidates that do not stand out alone are ablated together, in one
-    forward scored like the scan (zero ablation, the task's answer log-prob
-    from :func:`gather_aggregate.tasks.task_metric` on ``examples``), and
-    all are named when that joint drop is material and stands out from the
-    unimportant heads (:func:`joint_stands_out`).  The joint check runs only
-    for a zero-ablation scan whose clean metric that log-prob reproduces (the
-    same prompts and metric).  Within each
-    role, heads are ordered by the sum of their z-scores; pairs join a Gather
-    head to an Aggregate head in a later layer.
+    ``reading`` is where a segment is read (``"summary"``: the task's summary token; ``"last-1"``/``"last-2"``; or
+    ``"auto"``: where the Aggregate candidates read, reported in ``reading`` and ``read_why``).  ``scan`` (a
+    single-head scan of the same prompts) and ``scores`` (:func:`pattern_scores` rows) only add columns to the table
+    (``ablation_drop`` and the z-scores ``z_gather``/``z_aggregate``/``z_ablation``, for ranking by eye).  ``z`` is
+    accepted for compatibility and unused.
     """
+    from gather_aggregate.detect_rules import decide
+
+    if reading == "segment":  # the earlier name of the value-token reading
+        reading = "last-1"
     if reading not in READINGS:
         raise InputError(f"reading must be one of {', '.join(READINGS)}, got {reading!r}")
-    if scores is None:
-        scores = pattern_scores(model, examples, batch_size=batch_size, gather_any=reading != "summary")
-    table = scores
-    if reading == "segment" and "gather_segment" not in table[0]:
-        raise InputError("reading='segment' needs gather_segment in the scores: pattern_scores(..., gather_any=True)")
-    if reading == "auto":
-        col = {"gather": gather_reading(table), "aggregate": aggregate_reading(table)}
-    else:
-        col = {role: role + ("_segment" if reading == "segment" else "") for role in ("gather", "aggregate")}
-    drops = scan.scores() if scan is not None else None
-    for role, name in col.items():
-        for row, zz in zip(table, zscores([r[name] for r in table])):
-            row[f"z_{role}"] = zz
-    values: list[float] = []
-    if drops is not None:
-        values = [drops.get((r["layer"], r["head"]), 0.0) for r in table]
-        for row, zz in zip(table, zscores(values)):
-            row["ablation_drop"] = drops.get((row["layer"], row["head"]), float("nan"))
-            row["z_ablation"] = zz
+    res = decide(model, examples, read=reading, max_candidates=max_candidates, seed=seed, batch_size=batch_size)
+    if scores is None:  # the paper's summary-token scores, as columns beside the detector's own
+        scores = pattern_scores(model, examples, batch_size=batch_size)
+    extra = {(r["layer"], r["head"]): r for r in scores}
+    drops = scan.scores() if scan is not None else {}
+    table = []
+    for row in res["heads"]:
+        hd = (row["layer"], row["head"])
+        merged = {**extra.get(hd, {}), **{k: v for k, v in row.items() if k != "read_profile"}}
+        if drops:
+            merged["ablation_drop"] = drops.get(hd, float("nan"))
+        table.append(merged)
+    for key, col in (("z_gather", "gather_mass"), ("z_aggregate", "aggregate_on_correct")) + ((("z_ablation", "ablation_drop"),)
+                                                                                 if drops else ()):
+        for row, zz in zip(table, zscores([r[col] for r in table])):
+            row[key] = zz
     evidence: dict[Head, str] = {}
-    joint_drop: dict[str, float] = {}
-    meta = getattr(scan, "meta", {}) or {}
-    run_joint = joint and drops is not None and meta.get("method", "zero") == "zero"
-    reference: dict[str, Any] = {}  # the joint check's prompts, metric and clean value, made once for both roles
-
-    def pick(role: str) -> list[Head]:
-        cands = sorted((r for r in table if r[f"z_{role}"] >= z), key=lambda r: -r[f"z_{role}"])
-        if drops is None:
-            evidence.update({(r["layer"], r["head"]): "pattern" for r in cands[:max_heads]})
-            return [(r["layer"], r["head"]) for r in cands[:max_heads]]
-        named = [r for r in cands if r["z_ablation"] >= z]
-        evidence.update({(r["layer"], r["head"]): "alone" for r in named})
-        rest = [r for r in cands if r["z_ablation"] < z][:max_heads]
-        drop = (_joint_drop(model, examples, [(r["layer"], r["head"]) for r in rest], meta, reference)
-                if run_joint and len(rest) >= 2 else None)
-        if drop is not None:
-            joint_drop[role] = drop
-            if joint_stands_out(drop, values, z):
-                named += rest
-                evidence.update({(r["layer"], r["head"]): "joint" for r in rest})
-        named.sort(key=lambda r: -(r[f"z_{role}"] + r["z_ablation"]))
-        return [(r["layer"], r["head"]) for r in named[:max_heads]]
-
-    gather, aggregate = pick("gather"), pick("aggregate")
-    for r in table:
-        hd = (r["layer"], r["head"])
-        r["role"] = "aggregate" if hd in aggregate else "gather" if hd in gather else ""
-        r["evidence"] = evidence.get(hd, "") if r["role"] else ""
-    pairs = [(g, a) for a in aggregate for g in gather if g[0] < a[0]]
-    return GAHeads(table, gather, aggregate, pairs, reading=col,
-                   evidence={hd: evidence[hd] for hd in aggregate + gather}, joint_drop=joint_drop)
-
-
-def background(drops: Sequence[float], z: float, floor: float = 0.1) -> list[float]:
-    """The single-head drops of the unimportant heads: the largest drop is peeled off while it stands out
-    (z-score ≥ ``z``) against the drops still left and costs at least ``floor`` times the largest drop of all;
-    what is left is the background.  Peeling one head at a time keeps a second big head from inflating the spread,
-    and the floor stops it from peeling heads whose drops are noise."""
-    rest = sorted((0.0 if math.isnan(v) else float(v) for v in drops), reverse=True)
-    least = floor * max(rest[0], 0.0) if rest else 0.0
-    while len(rest) > 2:
-        mean, sd = _mean_sd(rest)
-        if sd == 0 or (rest[0] - mean) / sd < z or rest[0] < least:
-            break
-        rest = rest[1:]
-    return rest
-
-
-def joint_stands_out(drop: float, drops: Sequence[float], z: float, floor: float = 0.1) -> bool:
-    """Whether a joint drop names its heads: it is material (at least ``floor`` times the largest single-head drop)
-    and stands out (z ≥ ``z``) against the :func:`background` of ``drops``."""
-    if not drops or drop < floor * max(max(drops), 0.0):
-        return False
-    mean, sd = _mean_sd(background(drops, z, floor))
-    return drop > mean if sd == 0 else (drop - mean) / sd >= z
-
-
-def _joint_drop(model: HookedModel, examples: Sequence[Any], heads: Sequence[Head], meta: dict[str, Any],
-                reference: dict[str, Any] | None = None) -> float | None:
-    """The drop of the task's answer log-prob (the scans' metric) when ``heads`` are zero-ablated together; ``None``
-    when that metric's clean value is not the scan's (``meta["metric_clean"]``: other prompts or another metric).
-    ``reference`` keeps the prompts, metric and clean value between calls on the same examples."""
-    from gather_aggregate.interventions import ablation_hooks, make_replacement
-    from gather_aggregate.tasks.metric import task_metric
-
-    ref = reference if reference is not None else {}
-    with torch.no_grad():
-        if not ref:
-            tokens, metric = task_metric(model, list(examples))
-            ref.update(tokens=tokens, metric=metric, clean=float(metric(model(tokens))))
-        clean, want = ref["clean"], meta.get("metric_clean")
-        if want is not None and abs(clean - float(want)) > 1e-4 * (1 + abs(clean)):
-            return None
-        hooks = ablation_hooks(model, list(heads), make_replacement(model, list(heads), "zero"))
-        return clean - float(ref["metric"](model.run_with_hooks(ref["tokens"], fwd_hooks=hooks)))
+    joint: dict[str, float] = {}
+    for role in ("aggregate", "gather"):
+        named = res[role]
+        for hd in named:
+            evidence.setdefault(hd, "alone" if len(named) == 1 else "joint")
+        if named:
+            joint[role] = res["groups"][role]["loss"]
+    for row in table:
+        row["evidence"] = evidence.get((row["layer"], row["head"]), "")
+    return GAHeads(table, list(res["gather"]), list(res["aggregate"]), list(res["pairs"]),
+                   reading={"gather": res["read"], "aggregate": "segment"}, evidence=evidence, joint_drop=joint,
+                   groups=res["groups"], pair_loss=res["pair_loss"],
+                   margin={k: res[k] for k in ("clean", "chance", "margin")}, read_why=res["read_why"])

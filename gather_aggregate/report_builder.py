@@ -47,7 +47,12 @@ def build_report_from_dir(results: Path, out: Path) -> Path:
             found.append(f)
             cols = [c for c in ("ablation_drop", "gather", "aggregate") if c in data["rows"][0]]
             sections.append(Figure(head_score_heatmaps(data["rows"], cols), title="Gather / Aggregate scores"))
-            sections.append(KeyValues({k: str(v) for k, v in data.get("meta", {}).items()}, title="Detected heads"))
+            meta = data.get("meta", {})
+            sections.append(KeyValues({k: str(v) for k, v in meta.items() if k not in ("decisions", "groups")},
+                                      title="Detected heads"))
+            if meta.get("decisions"):  # the numbers behind each head's decision and the rule that made it
+                sections.append(Table([{k: v for k, v in r.items()} for r in meta["decisions"]],
+                                      title="Why each head was named or left out"))
         elif name == "ablate":
             found.append(f)
             sections.append(KeyValues({"heads": str(data.get("heads")), "clean": str(data.get("clean")),

@@ -99,25 +99,32 @@ def run_scan(args: argparse.Namespace) -> int:
 
 def run_detect(args: argparse.Namespace) -> int:
     from gather_aggregate.detect import find_ga_heads
-    from gather_aggregate.scan import ScanResult, exact_scan
+    from gather_aggregate.errors import ResumeMismatchError
+    from gather_aggregate.scan import exact_scan
 
     model = load(args)
     examples = task_examples(args, model)
     out = out_dir(args.out, "ga_out/detect")
     scan_file = out / "scan.json"
-    if scan_file.is_file():
-        scan = ScanResult.load(scan_file)
-    else:
-        tokens, metric = task_metric(model, examples)
+    tokens, metric = task_metric(model, examples)
+    try:  # reuse a scan.json only when it was written for this model and these prompts (task, seed, count)
+        scan = exact_scan(model, tokens, metric, out=scan_file, resume=True)
+    except ResumeMismatchError as exc:
+        print(f"note: {exc}; rescanning into {scan_file}")
+        scan_file.unlink()
         scan = exact_scan(model, tokens, metric, out=scan_file)
-    ga = find_ga_heads(model, examples, scan, z=args.z, reading=args.reading)
+    ga = find_ga_heads(model, examples, scan, reading=args.reading)
     write_table(ga.table, out / "detect.json", ga.summary())
     print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
     print(f"read by: {ga.reading['gather']} / {ga.reading['aggregate']}; evidence: "
           + (", ".join(f"L{la}H{h} {ev}" for (la, h), ev in ga.evidence.items()) or "none"))
-    top = sorted(ga.table, key=lambda r: -r.get(ga.reading["aggregate"], 0))[:8]
-    _print_rows(top, ["layer", "head", "kind", ga.reading["gather"], ga.reading["aggregate"], "aggregate_hit",
-                      "ablation_drop", "role", "evidence"])
+    print(f"segments read at: {ga.reading['gather']} ({ga.read_why}); retrieval margin "
+          f"{ga.margin.get('margin', float('nan')):.3f} nats above chance")
+    for role, g in ga.groups.items():
+        print(f"{role}: candidates {g.get('candidates')} -> group {g.get('group')}: {g.get('why')}")
+    top = sorted(ga.table, key=lambda r: -max(r.get("gather_alone", 0), r.get("aggregate_alone", 0)))[:8]
+    _print_rows(top, ["layer", "head", "kind", "gather", "aggregate", "gather_alone", "aggregate_alone",
+                      "ablation_drop", "role"])
     return 0
 
 

@@ -24,7 +24,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("_lazy", "errors", "io", "protocol", "readout", "metrics"),
     "tasks/models": ("tasks", "adapters", "loading", "bridge", "zoo", "testing"),
     "interventions": ("interventions", "layer_resume"),
-    "analysis": ("scan", "patching", "detect", "experiments", "claims"),
+    "analysis": ("scan", "patching", "detect", "detect_evidence", "detect_causal", "detect_rules", "experiments",
+                 "claims"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training"),
 }
 

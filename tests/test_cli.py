@@ -17,7 +17,7 @@ from gather_aggregate.cli import main
 def results(tiny_llama_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
     common = ["--model", str(tiny_llama_dir), "--task", "kv", "--n", "6", "--dict-size", "4", "--seed", "1"]
-    for cmd in (["eval"], ["scan"], ["detect", "--z", "1.0", "--reading", "summary"], ["ablate", "--heads", "1.0,1.2"],
+    for cmd in (["eval"], ["scan"], ["detect", "--reading", "summary"], ["ablate", "--heads", "1.0,1.2"],
                 ["pattern", "--layer", "1"]):
         assert main([*cmd, *common, "--out", str(out / cmd[0])]) == 0
     return out
@@ -37,13 +37,29 @@ def test_scan_writes_a_ranked_table(results):
 
 def test_detect_and_ablate_and_pattern(results):
     det = json.loads((results / "detect" / "detect.json").read_text())
-    assert {"gather", "aggregate", "aggregate_hit", "ablation_drop", "role", "evidence"} <= set(det["rows"][0])
-    assert det["meta"]["reading"] == {"gather": "gather", "aggregate": "aggregate"}  # --reading summary
+    assert {"gather", "aggregate", "aggregate_hit", "ablation_drop", "role", "evidence", "rule", "gather_alone",
+            "aggregate_alone"} <= set(det["rows"][0])
+    assert det["meta"]["reading"] == {"gather": "summary", "aggregate": "segment"}  # --reading summary
     assert all(r["evidence"] in ("alone", "joint") for r in det["rows"] if r["role"])
+    assert all(r["rule"] for r in det["rows"])  # every decision explained
     abl = json.loads((results / "ablate" / "ablate.json").read_text())
     assert abl["heads"] == [[1, 0], [1, 2]] and "kv" in abl["clean"] and "kv" in abl["ablated"]
     pat = json.loads((results / "pattern" / "pattern.json").read_text())
     assert len(pat["pattern"]) == 4 and len(pat["pattern"][0]) == len(pat["tokens"])
+
+
+def test_detect_does_not_reuse_a_scan_of_other_prompts(results, tiny_llama_dir, tmp_path, capsys):
+    """A scan.json left in --out by another task/seed/prompt count is not silently reused: detect rescans."""
+    import shutil
+
+    shutil.copy(results / "scan" / "scan.json", tmp_path / "scan.json")  # seed 1, 6 prompts
+    old = json.loads((tmp_path / "scan.json").read_text())["meta"]["task"]
+    args = ["detect", "--model", str(tiny_llama_dir), "--task", "kv", "--n", "5", "--dict-size", "4", "--seed", "2"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    assert "rescanning" in capsys.readouterr().out
+    assert json.loads((tmp_path / "scan.json").read_text())["meta"]["task"] != old
+    assert main([*args, "--out", str(tmp_path)]) == 0  # the same prompts again: reused, no note
+    assert "rescanning" not in capsys.readouterr().out
 
 
 def test_report_from_results(results):
@@ -94,7 +110,8 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     assert set(summary["accuracy"][name]) == {"kv", "letter-mc", "content-mc", "knowledge"}
     assert [r["k"] for r in summary["cumulative_ablation"][name]] == [0, 1, 2, 4]
     ga = summary["ga_heads"][name]
-    assert set(ga) == {"gather", "aggregate", "pairs", "reading", "evidence", "joint_drop"}
+    assert {"gather", "aggregate", "pairs", "reading", "evidence", "joint_drop", "groups", "decisions"} <= set(ga)
+    assert all(d["rule"] for d in ga["decisions"])  # every head's decision explained
     why = {(la, h): ev for la, h, ev in ga["evidence"]}
     assert {tuple(hd) for hd in ga["gather"] + ga["aggregate"]} == set(why) and set(why.values()) <= {"alone", "joint"}
     assert all(g[0] < a[0] for g, a in ga["pairs"])

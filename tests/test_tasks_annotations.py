@@ -319,3 +319,28 @@ def test_for_model_dir_uses_shipped_vocabulary(tmp_path):
     (tmp_path / "zoo_tasks.json").unlink()
     (tmp_path / "facts.json").unlink()
     assert set(for_model_dir(tmp_path)) == {"kv", "mqar"}
+
+
+def test_annotations_that_do_not_survive_the_tokenizer_are_refused():
+    """Issue 19: a user's word-level tokenizer that does not know the task's keys (or its line end) must not turn
+    them into <unk> silently: the task refuses, naming the token."""
+    from gather_aggregate.tasks.kv import KVRetrieval
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
+
+    world = make_world(0)
+    tok = build_tokenizer(world)
+    with pytest.raises(TaskError, match=r"key 'zzqx' tokenises to the unknown token '<unk>'"):
+        KVRetrieval(n_pairs=4, keys=["zzqx", *world.kv_keys[:7]], values=world.kv_values,
+                    query_index=1).examples(tok, n=1)
+    with pytest.raises(TaskError, match=r"value '999999' tokenises to the unknown token"):
+        KVRetrieval(n_pairs=8, keys=world.kv_keys, values=["999999", *world.kv_values[:7]]).examples(tok, n=1)
+    # a tokenizer without the newline loses every line's summary token
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(w for w in world.words if w != "\n")}
+    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[ \t]+|[:.?']|\n"), behavior="isolated")
+    no_nl = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>")
+    with pytest.raises(TaskError, match=r"line end \(the summary token\) '\\n' tokenises to the unknown token"):
+        KVRetrieval(n_pairs=4, keys=world.kv_keys, values=world.kv_values).examples(no_nl, n=1)

@@ -101,7 +101,7 @@ def test_b_weaker_transformer_kv_rests_on_one_gather_head(measured):
     assert best is not None and [tuple(h) for h in best["heads"]] == [tuple(an["scan_top"][0])], (best, an["scan_top"])
     # named by the Gather score read off the line's best token: as its own rule, or by the detector reading it
     assert best["rule"].startswith("gather-segment") or (
-        best["rule"].startswith("detector") and an["reading"]["gather"] == "gather_segment"
+        best["rule"].startswith("detector") and an["reading"]["gather"] in ("last-1", "last-2")
         and [list(h) for h in best["heads"]] == an["gather"][:1]), (best, an["reading"], an["gather"])
     assert r["clean"]["kv"] - best["kv"] >= 0.8 and best["kv"] <= 2 * r["chance"]["kv"], best
     assert an["random_baseline"]["kv"] >= r["clean"]["kv"] - 0.05, an["random_baseline"]
@@ -149,18 +149,20 @@ def test_detector_finds_the_transformers_gather_and_aggregate_pairs_on_kv(measur
     assert pairs == sorted((tuple(an["gather"][0]), tuple(a)) for a in an["aggregate"]), an["pairs"]
 
 
-def test_detector_finds_the_hybrids_ssm_gather_and_attention_aggregate_heads_on_kv(measured):
-    """In the hybrid the detector, from the KV scan and pattern scores alone, names an SSM Gather head (the scan's
-    top head, its drop standing out alone) and attention Aggregate heads in a later layer (named together: each
-    alone costs less), so every G→A pair runs from the SSM layer to the attention layer: attention takes the
-    Aggregate role, as the paper reports for hybrids."""
+def test_detector_finds_the_hybrids_attention_aggregate_heads_and_no_ssm_gather_head_on_kv(measured):
+    """In the hybrid the detector names the attention heads of the later layer as the Aggregate group (each alone
+    costs less than the group), as the paper reports for hybrids.  The scan's top head, the SSM head L0H0 that the
+    z-score detector used to call the Gather head, is not named Gather: removing it at the segments costs almost
+    nothing; its whole effect is at the query position (it carries the queried key), so it is no Gather head."""
     r = measured["bamba-ga"]
     an, kind = r["by_task"]["kv"], r["layer_kinds"]
     evidence = {(la, h): ev for la, h, ev in an["evidence"]}
-    assert an["gather"][:1] == [an["scan_top"][0]] and evidence[tuple(an["gather"][0])] == "alone", an
-    assert all(kind[g[0]] == "ssm" for g in an["gather"]) and an["aggregate"], an
+    assert len(an["aggregate"]) >= 2, an["groups"]
     assert all(kind[a[0]] == "attn" and evidence[tuple(a)] == "joint" for a in an["aggregate"]), an
-    assert an["pairs"] and all(kind[g[0]] == "ssm" and kind[a[0]] == "attn" and g[0] < a[0] for g, a in an["pairs"])
+    top = next(d for d in an["decisions"] if [d["layer"], d["head"]] == list(an["scan_top"][0]))
+    assert kind[top["layer"]] == "ssm" and "gather" not in top["role"], top
+    assert top["aggregate_alone"] >= 0.5 and top["gather_alone"] <= 0.1, top
+    assert all(kind[g[0]] == "ssm" for g in an["gather"])
 
 
 def test_a_knowledge_without_retrieval_and_attention_retrieval_in_the_hybrid(measured):

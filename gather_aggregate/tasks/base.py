@@ -201,6 +201,13 @@ def continuation_ids(tokenizer: Any, prompt: str, prompt_ids: list[int], continu
     return list(tokenizer(continuation, add_special_tokens=False)["input_ids"])
 
 
+def _check_known(tokenizer: Any, ids: Sequence[int], unk: int | None, what: str) -> None:
+    """Refuse an annotated piece of text that the tokenizer turns (partly) into its unknown token."""
+    if unk is not None and unk in ids:
+        raise TaskError(f"{what} tokenises to the unknown token {getattr(tokenizer, 'unk_token', '<unk>')!r} with "
+                        "this tokenizer; add it to the vocabulary or use words the tokenizer knows")
+
+
 def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     """Tokenise ``spec`` with ``tokenizer`` and turn character spans into token spans."""
     if tokenizer is None:
@@ -210,6 +217,8 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     if not ids:
         raise TaskError("the prompt tokenised to zero tokens; check the tokenizer and the task's text")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    seen: dict[tuple[str, tuple[int, ...]], str] = {}
     for cs, ce, what in spec.required:
         a, b = char_span_to_tokens(offsets, cs, ce)
         if b <= a:
@@ -217,6 +226,11 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
                 f"{what} {spec.prompt[cs:ce]!r} tokenises to nothing with this tokenizer; "
                 "remove it from the vocabulary or use words the tokenizer knows"
             )
+        _check_known(tokenizer, ids[a:b], unk, f"{what} {spec.prompt[cs:ce]!r}")
+        text, key = spec.prompt[cs:ce], (what, tuple(ids[a:b]))
+        if seen.setdefault(key, text) != text:
+            raise TaskError(f"the {what}s {seen[key]!r} and {text!r} tokenise to the same ids {list(key[1])}; "
+                            "the tokenizer cannot tell them apart, so use words it knows")
     segments = []
     for cs, ce, label in spec.segments:
         a, b = char_span_to_tokens(offsets, cs, ce)
@@ -230,6 +244,9 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     for c, ci in zip(spec.candidates, cand_ids, strict=True):
         if not ci:
             raise TaskError(f"answer candidate {c!r} tokenises to nothing; use candidates the tokenizer can encode")
+        _check_known(tokenizer, ci, unk, f"answer candidate {c!r}")
+    for seg in segments:
+        _check_known(tokenizer, [ids[seg.summary]], unk, f"the summary token of segment {seg.label!r}")
     if len({tuple(c) for c in cand_ids}) != len(cand_ids):
         raise TaskError(
             "two answer candidates tokenise to the same ids (e.g. both unknown to a word-level "

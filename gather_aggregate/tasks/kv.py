@@ -101,7 +101,8 @@ class KVRetrieval(IndexedTask):
         for k, v in zip(keys, vals, strict=True):
             line = f"{k}:{v}\n"
             segs.append((pos, pos + len(line), k))
-            required += [(pos, pos + len(k), "key"), (pos + len(k) + 1, pos + len(k) + 1 + len(v), "value")]
+            required += [(pos, pos + len(k), "key"), (pos + len(k) + 1, pos + len(k) + 1 + len(v), "value"),
+                         (pos + len(line) - 1, pos + len(line), "line end (the summary token)")]
             pos += len(line)
         qs = prompt.rindex("'", 0, len(prompt) - 1) - len(keys[q])
         required.append((qs, qs + len(keys[q]), "key"))

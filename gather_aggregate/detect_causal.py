@@ -1,0 +1,212 @@
+"""Causal evidence for the Gather/Aggregate detector: position-restricted ablations, group peeling, random
+baselines and G→A path patching, all measured as a share of the model's retrieval margin above chance.
+
+**Retrieval margin.**  ``m`` is the mean over prompts of the answer's log-probability *among the candidates*
+(softmax over the candidates' first tokens at the query position); a model that guesses uniformly scores
+``chance = mean(-log n_candidates)``.  The *loss* of an intervention is
+``(m_clean - m_intervened) / (m_clean - chance)``: 0 = no effect, 1 = retrieval taken to chance (it can exceed 1
+when the intervention makes the model confidently wrong).  The same number means the same thing on any model.
+
+**Where a role is ablated.**  A Gather head writes the summary of each segment into the segment's tokens, an
+Aggregate head writes the retrieved answer at the query position.  So Gather candidates are zero-ablated at the
+segments' tokens only and Aggregate candidates at the query position only.  A head whose ablation matters for
+another reason (a head that moves the queried key into the query position, a previous-token head feeding the
+query) costs nothing where the role it is tested for acts, and is not named.
+
+**Path patching (G→A).**  Run the model with the Gather set ablated at the segments; keep the Aggregate heads'
+outputs at the query position from that run; then run the clean model with only those outputs patched in.  What
+retrieval loses is routed from the Gather heads into the Aggregate heads' keys and values (the query position is
+clean, so their queries are).  The same hooks serve SSM heads (the tensor entering ``out_proj``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.protocol import Head
+
+WHERE = ("segments", "query", "all")
+
+
+class Prober:
+    """Runs interventions on one set of prompts and scores them as a share of the retrieval margin."""
+
+    def __init__(self, model: Any, examples: Sequence[Any], *, batch_size: int = 64):
+        from gather_aggregate.protocol import pad_id_of
+        from gather_aggregate.tasks.base import collate
+
+        self.model = model
+        self.batches = [collate(list(examples[i:i + batch_size]), pad_id_of(model.tokenizer), device=model.device)
+                        for i in range(0, len(examples), batch_size)]
+        self.masks = [self._masks(b) for b in self.batches]
+        self.n_forwards = 0
+        with torch.no_grad():
+            self.clean = self._mean([self._logprob(b, self.model(b.tokens)) for b in self.batches])
+        n_cand = torch.cat([b.cand_mask.sum(1).float() for b in self.batches])
+        self.chance = float((-n_cand.log()).mean())
+        self.margin = self.clean - self.chance
+
+    @staticmethod
+    def _masks(b: Any) -> dict[str, Tensor]:
+        key = torch.arange(b.tokens.shape[1], device=b.tokens.device)
+        in_seg = ((key[None, None] >= b.seg_start[..., None]) & (key[None, None] < b.seg_end[..., None])).any(1)
+        query = key[None] == b.query_pos[:, None]
+        return {"segments": in_seg & ~query, "query": query, "all": torch.ones_like(query)}
+
+    def _mean(self, parts: list[Tensor]) -> float:
+        return float(torch.cat(parts).mean())
+
+    @staticmethod
+    def _logprob(b: Any, logits: Tensor) -> Tensor:
+        """Per prompt: log-prob of the answer among the candidates' first tokens at the query position."""
+        q = logits[torch.arange(len(b)), b.query_pos].float()
+        cand = q.gather(1, b.cand_ids.clamp_min(0)).masked_fill(~b.cand_mask, float("-inf"))
+        return cand.log_softmax(-1).gather(1, b.answer[:, None])[:, 0]
+
+    def _ablate_hooks(self, heads: Sequence[Head], mask: Tensor) -> list[tuple[str, Any]]:
+        by_layer: dict[int, list[int]] = {}
+        for la, h in heads:
+            by_layer.setdefault(la, []).append(h)
+        hooks = []
+        for la, hs in by_layer.items():
+            name, axis = self.model.head_hook(la)
+
+            def hook(z: Tensor, hook: Any, hs: list[int] = hs, axis: int = axis) -> Tensor:
+                z = z.clone()
+                keep = (~mask).to(z.dtype)[:, :, None]  # [b, pos, 1]
+                for h in hs:
+                    part = z.select(axis, h)  # [b, pos, d]
+                    part.mul_(keep[:, : part.shape[1]])
+                return z
+
+            hooks.append((name, hook))
+        return hooks
+
+    def run(self, ablate: dict[str, Sequence[Head]] | None = None,
+            patch: dict[Head, list[Tensor]] | None = None, capture: Sequence[Head] = ()) -> tuple[float, dict]:
+        """Mean candidate log-prob with ``ablate[where]`` heads zeroed at ``where``, ``patch[head]`` (per batch a
+        ``[b, d]`` tensor) written into that head's output at the query position, and the query-position outputs
+        of ``capture`` returned (per head, per batch)."""
+        parts: list[Tensor] = []
+        captured: dict[Head, list[Tensor]] = {hd: [] for hd in capture}
+        for bi, (b, masks) in enumerate(zip(self.batches, self.masks)):
+            hooks: list[tuple[str, Any]] = []
+            for where, heads in (ablate or {}).items():
+                if heads:
+                    hooks += self._ablate_hooks(list(heads), masks[where])
+            rows = torch.arange(len(b), device=b.tokens.device)
+            for (la, h), vals in (patch or {}).items():
+                name, axis = self.model.head_hook(la)
+
+                def put(z: Tensor, hook: Any, h: int = h, axis: int = axis, v: Tensor = vals[bi], rows: Tensor = rows,
+                        qpos: Tensor = b.query_pos) -> Tensor:
+                    z = z.clone()
+                    z.select(axis, h)[rows, qpos] = v.to(z.dtype)
+                    return z
+
+                hooks.append((name, put))
+            for la, h in capture:
+                name, axis = self.model.head_hook(la)
+
+                def grab(z: Tensor, hook: Any, hd: Head = (la, h), axis: int = axis, rows: Tensor = rows,
+                         qpos: Tensor = b.query_pos) -> Tensor:
+                    captured[hd].append(z.select(axis, hd[1])[rows, qpos].detach().clone())
+                    return z
+
+                hooks.append((name, grab))
+            with torch.no_grad():
+                logits = self.model.run_with_hooks(b.tokens, fwd_hooks=hooks) if hooks else self.model(b.tokens)
+            self.n_forwards += 1
+            parts.append(self._logprob(b, logits))
+        return self._mean(parts), captured
+
+    def loss(self, heads: Sequence[Head], where: str) -> float:
+        """Share of the retrieval margin lost when ``heads`` are zero-ablated at ``where``."""
+        if where not in WHERE:
+            raise InputError(f"where must be one of {WHERE}, got {where!r}")
+        if not heads:
+            return 0.0
+        m, _ = self.run({where: heads})
+        return (self.clean - m) / self.margin
+
+
+#: a head stays in its role's group while restoring it alone (the rest of the group still ablated) gives back at
+#: least this share of the retrieval margin: it carries something the others do not replace
+KEEP_MIN = 0.05
+
+
+def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[Head], float, dict[Head, float],
+                                                                          list[dict[str, Any]]]:
+    """Greedy peeling by joint ablation: start from every candidate ablated together; while some head gives back
+    less than ``KEEP_MIN`` of the margin when restored alone, drop the one that gives back least.  Returns the
+    group, its loss, each candidate's give-back (at its last test) and the steps, one rule for groups of one, two
+    or many (redundant heads each give back much once the others are gone)."""
+    group = list(candidates)
+    steps: list[dict[str, Any]] = []
+    give: dict[Head, float] = {}
+    loss = prober.loss(group, where)
+    while group:
+        cur = {hd: loss - prober.loss([g for g in group if g != hd], where) for hd in group}
+        give.update(cur)
+        worst = min(group, key=lambda hd: (cur[hd], hd))
+        steps.append({"group": [list(h) for h in group], "loss": loss, "least_give_back": cur[worst]})
+        if cur[worst] >= KEEP_MIN:
+            break
+        group.remove(worst)
+        loss = prober.loss(group, where) if group else 0.0
+    return group, loss, give, steps
+
+
+#: random head sets drawn for each named group's baseline
+N_RANDOM = 10
+
+
+def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Sequence[Head], kinds: dict[Head, str],
+                  seed: int = 0) -> tuple[list[float], bool]:
+    """Losses of ``N_RANDOM`` random head sets with as many heads of each kind as ``group``, drawn from ``pool``
+    (the heads outside the group), ablated at the same positions; and whether the kinds could be matched.  Where
+    the group holds (nearly) every head of a kind (all four attention heads of a hybrid), the draw takes as many
+    heads of any kind; where the pool holds fewer heads than the group, as many as it has."""
+    if not group:
+        return [], True
+    rng = random.Random(seed)
+    need: dict[str, int] = {}
+    for hd in group:
+        need[kinds[hd]] = need.get(kinds[hd], 0) + 1
+    by_kind = {k: [hd for hd in pool if kinds[hd] == k] for k in need}
+    matched = all(len(by_kind[k]) >= n for k, n in need.items())
+    out = []
+    for _ in range(N_RANDOM):
+        if matched:
+            pick = [hd for k, n in need.items() for hd in rng.sample(by_kind[k], n)]
+        else:
+            pick = rng.sample(list(pool), min(len(group), len(pool)))
+        out.append(prober.loss(pick, where))
+    return out, matched
+
+
+def path_losses(prober: Prober, senders: Sequence[Head], receivers: Sequence[Head]) -> tuple[float, dict]:
+    """G→A path patching (module docstring).  Returns the loss routed from all ``senders`` into all ``receivers``
+    and, per pair ``(g, a)`` with ``g`` in an earlier layer, how much of it comes back when only the path ``g → a``
+    is restored (``a`` then receives the run in which only the other senders are ablated)."""
+    recv = [a for a in receivers if any(g[0] < a[0] for g in senders)]
+    if not senders or not recv:
+        return 0.0, {}
+    _, corrupt = prober.run({"segments": senders}, capture=recv)
+    full_m, _ = prober.run(patch=corrupt)
+    full = (prober.clean - full_m) / prober.margin
+    pairs: dict[tuple[Head, Head], float] = {}
+    for g in senders:
+        _, partial = prober.run({"segments": [s for s in senders if s != g]}, capture=recv)
+        for a in recv:
+            if g[0] >= a[0]:
+                continue
+            m, _ = prober.run(patch={**corrupt, a: partial[a]})
+            pairs[(g, a)] = full - (prober.clean - m) / prober.margin
+    return full, pairs

@@ -1,0 +1,195 @@
+"""Pattern evidence for the Gather/Aggregate detector, in chance-relative terms that mean the same on any model.
+
+Every number here is a *mass* of a per-row normalised ``|pattern|`` (softmax rows as they are; SSM-implied
+attention normalised) next to what a uniform row would put on the same tokens, so a threshold reads the same
+on a 4-head transformer, a 32-head one and an SSM.
+
+**Where a segment is read.**  A Gather head condenses a segment into one of its tokens, the *read position*
+``r``; an Aggregate head later reads the segment there.  ``read`` names it:
+
+* ``"summary"``: the token the task declares as each segment's summary (``Segment.summary``; for the shipped
+  tasks the segment's last token, e.g. the ``\\n`` of ``k:v\\n``);
+* ``"last-1"``, ``"last-2"``: one or two tokens before the segment's last token (the value ``v`` of ``k:v\\n``);
+* ``"auto"`` (:func:`choose_read`): where the Aggregate candidates' query rows put the most mass inside the
+  correct segment (the token the model itself reads), else where a Gather pattern is strongest.
+
+**Gather mass** of a head at read position ``r`` of segment ``[start, end)``: the mass row ``r`` puts on the
+segment's own earlier tokens ``[start, r)``.  ``gather_uniform`` is what a uniform causal row puts there,
+``(r - start) / (r + 1)``; ``gather_lift`` = mass / uniform (1 = no preference, the definition of chance).
+The previous token counts: in a two-token segment ``k v`` a previous-token head *is* what condenses the key into
+the value token.  A previous-token head that gathers nothing the model uses is left out by the causal test, not
+by its pattern (``gather_excl_prev@`` reports the mass without that token, for the reader).
+
+**Aggregate mass** of a head: ``aggregate_on_correct``, the mass the query row puts on the correct segment (any of
+its tokens), with ``aggregate_wrong`` the largest mass it puts on one wrong segment (per prompt, averaged),
+``aggregate_uniform`` the uniform row's share of the correct segment, ``aggregate_lift`` = mass / uniform and
+``aggregate_beats_wrong`` the share of prompts whose correct segment gets more of the row than every wrong one
+(chance: 1 / number of segments).
+
+(Row keys: ``gather@READ``, ``gather_uniform@READ``, ``gather_excl_prev@READ`` per read position; the detector
+copies the chosen read's values to ``gather_mass`` and ``gather_lift``.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gather_aggregate.errors import InputError
+
+READS = ("summary", "last-1", "last-2")
+READ_CHOICES = (*READS, "auto")
+
+#: a head is a Gather *pattern candidate* when its read row puts at least this many times the uniform row's mass
+#: on its own segment's earlier tokens, and at least GATHER_MIN_MASS of its row
+GATHER_MIN_LIFT = 2.0
+GATHER_MIN_MASS = 0.1
+#: ... an Aggregate pattern candidate when its query row gives the correct segment more than any wrong segment in
+#: at least half the prompts (chance: 1 / segments), at least twice the uniform row's share, and on average at
+#: least twice what it gives the best wrong segment (a head fixed on one position, e.g. a previous-token head
+#: landing on the last segment, hits whenever that segment is the right one, but gives wrong ones as much)
+AGGREGATE_MIN_HIT = 0.5
+AGGREGATE_MIN_LIFT = 2.0
+AGGREGATE_MIN_CONTRAST = 2.0
+
+
+def _read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
+    """Per segment ``[b, seg]``: the read position for ``read`` and whether that segment can be read there (real
+    segment, position inside it, at least one own token before it)."""
+    if read == "summary":
+        r = batch.seg_summary.clone()
+    else:
+        r = batch.seg_end - 1 - int(read.split("-")[1])
+    ok = batch.seg_mask & (r > batch.seg_start) & (r < batch.seg_end)
+    return torch.where(ok, r, batch.query_pos[:, None]), ok
+
+
+def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 16,
+                     reads: Sequence[str] = READS) -> dict[str, Any]:
+    """Per head (``(layer, head)`` → dict) the masses of the module docstring at every read position in ``reads``,
+    plus ``read_profile``: per offset from the segment's end (0 = last token), each head's mean query-row mass on
+    that token of the correct segment (how :func:`choose_read` finds where the model reads)."""
+    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.tasks.base import collate
+
+    examples = list(examples)
+    if not examples:
+        raise InputError("no examples: build the task with n >= 1")
+    if not any(e.correct >= 0 and len(e.segments) >= 2 for e in examples):
+        raise InputError("the examples have no correct segment among two or more; Gather/Aggregate detection needs "
+                         "a retrieval task with segments (KV-retrieval, multiple choice), not a plain query")
+    sums: dict[tuple[int, str], Tensor] = {}
+    counts: dict[str, float] = {}
+    max_off = 4
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i:i + batch_size]
+        batch = collate(chunk, pad_id_of(model.tokenizer), device=model.device)
+        n_seg = batch.seg_start.shape[1]
+        key = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
+        in_seg = (key[None, None] >= batch.seg_start[..., None]) & (key[None, None] < batch.seg_end[..., None])
+        has = (batch.correct >= 0) & (batch.seg_mask.sum(1) >= 2)
+        corr = batch.correct.clamp_min(0)
+        other = batch.seg_mask & (torch.arange(n_seg, device=key.device)[None] != corr[:, None])
+        q = batch.query_pos.float()
+        seg_len = (batch.seg_end - batch.seg_start).float()
+        uni_corr = seg_len.gather(1, corr[:, None])[:, 0] / (q + 1)
+        read_rows, read_ok, own = [], [], []
+        for read in reads:
+            r, ok = _read_positions(batch, read)
+            read_rows.append(r)
+            read_ok.append(ok)
+            own.append(in_seg & (key[None, None] < r[..., None]))
+            counts[f"g:{read}"] = counts.get(f"g:{read}", 0.0) + float(ok.sum())
+        counts["a"] = counts.get("a", 0.0) + float(has.sum())
+        rows = torch.cat([*read_rows, batch.query_pos[:, None]], 1)
+        for info in model.layers:
+            with torch.no_grad():
+                p = model.pattern(batch.tokens, info.index, rows=rows, normalize=True).float()  # [b, h, rows, key]
+            H = p.shape[1]
+            acc: dict[str, Tensor] = {}
+            for j, read in enumerate(reads):
+                seg_rows = p[:, :, j * n_seg:(j + 1) * n_seg]  # [b, h, seg, key]
+                okf = read_ok[j][:, None].float()
+                mass = (seg_rows * own[j][:, None].float()).sum(-1)
+                r = read_rows[j]
+                prev = seg_rows.gather(3, (r - 1).clamp_min(0)[:, None, :, None].expand(-1, H, -1, 1))[..., 0]
+                rf = r.float()
+                uni = ((rf - batch.seg_start.float()).clamp_min(0) / (rf + 1))[:, None].expand_as(mass)
+                acc[f"gather@{read}"] = (mass * okf).sum((0, 2))
+                acc[f"gather_excl_prev@{read}"] = ((mass - prev) * okf).sum((0, 2))
+                acc[f"gather_uniform@{read}"] = (uni * okf).sum((0, 2))
+            q_row = p[:, :, -1]  # [b, h, key]
+            on_seg = (q_row[:, :, None, :] * in_seg[:, None].float()).sum(-1)  # [b, h, seg]
+            on_corr = on_seg.gather(2, corr[:, None, None].expand(-1, H, 1))[..., 0]
+            wrong = on_seg.masked_fill(~other[:, None], -1.0).max(-1).values.clamp_min(0)
+            hasf = has[:, None].float()
+            acc["aggregate"] = (on_corr * hasf).sum(0)
+            acc["aggregate_wrong"] = (wrong * hasf).sum(0)
+            acc["aggregate_uniform"] = (uni_corr[:, None].expand(-1, H) * hasf).sum(0)
+            acc["aggregate_hit"] = ((on_corr > wrong).float() * hasf).sum(0)
+            end_c = batch.seg_end.gather(1, corr[:, None])[:, 0]
+            start_c = batch.seg_start.gather(1, corr[:, None])[:, 0]
+            for off in range(max_off):
+                pos = end_c - 1 - off
+                valid = (pos >= start_c).float() * has.float()
+                m = q_row.gather(2, pos.clamp_min(0)[:, None, None].expand(-1, H, 1))[..., 0]
+                acc[f"profile{off}"] = (m * valid[:, None]).sum(0)
+            for name, v in acc.items():
+                sums[(info.index, name)] = sums.get((info.index, name), 0) + v
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for info in model.layers:
+        for h in range(info.n_heads):
+            row: dict[str, Any] = {"layer": info.index, "head": h, "kind": info.kind}
+            for read in reads:
+                n = counts[f"g:{read}"]
+                m = float(sums[(info.index, f"gather@{read}")][h]) / n if n else float("nan")
+                u = float(sums[(info.index, f"gather_uniform@{read}")][h]) / n if n else float("nan")
+                row[f"gather@{read}"], row[f"gather_uniform@{read}"] = m, u
+                row[f"gather_excl_prev@{read}"] = (float(sums[(info.index, f"gather_excl_prev@{read}")][h]) / n
+                                                   if n else float("nan"))
+            n = counts["a"]
+            for name, col in (("aggregate", "aggregate_on_correct"), ("aggregate_wrong", "aggregate_wrong"),
+                              ("aggregate_uniform", "aggregate_uniform"), ("aggregate_hit", "aggregate_beats_wrong")):
+                row[col] = float(sums[(info.index, name)][h]) / n
+            row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
+            row["read_profile"] = [float(sums[(info.index, f"profile{o}")][h]) / n for o in range(max_off)]
+            out[(info.index, h)] = row
+    return {"heads": out, "reads": list(reads)}
+
+
+def is_aggregate_candidate(row: dict[str, Any]) -> bool:
+    """Aggregate pattern candidate (thresholds: module constants, meaning in the module docstring)."""
+    return (row["aggregate_beats_wrong"] >= AGGREGATE_MIN_HIT and row["aggregate_lift"] >= AGGREGATE_MIN_LIFT
+            and row["aggregate_on_correct"] >= AGGREGATE_MIN_CONTRAST * row["aggregate_wrong"])
+
+
+def gather_values(row: dict[str, Any], read: str) -> tuple[float, float]:
+    """(mass, lift) of a head's Gather pattern at ``read``."""
+    m, u = row[f"gather@{read}"], row[f"gather_uniform@{read}"]
+    return m, (m / u if u and u == u and u > 0 else 0.0)
+
+
+def is_gather_candidate(row: dict[str, Any], read: str) -> bool:
+    m, lift = gather_values(row, read)
+    return m == m and m >= GATHER_MIN_MASS and lift >= GATHER_MIN_LIFT
+
+
+def choose_read(heads: dict[tuple[int, int], dict[str, Any]], reads: Sequence[str]) -> tuple[str, str]:
+    """``(read, why)`` for ``read="auto"``: the offset (from the segment's end) of the correct segment's token that
+    the Aggregate pattern candidates' query rows weigh most, mapped to a read position, when that offset is one of
+    ``reads`` (``summary`` = the last token for the shipped tasks); else the read position whose strongest Gather
+    pattern (by lift) is strongest."""
+    aggs = [r for r in heads.values() if is_aggregate_candidate(r)]
+    names = {0: "summary", 1: "last-1", 2: "last-2"}
+    if aggs:
+        prof = [sum(r["read_profile"][o] for r in aggs) for o in range(len(aggs[0]["read_profile"]))]
+        off = max(range(len(prof)), key=lambda o: prof[o])
+        read = names.get(off, "")
+        if read in reads:
+            return read, (f"the Aggregate candidates' query rows weigh the correct segment's token {off} before its "
+                          f"end most ({prof[off]:.2f} summed over {len(aggs)} heads)")
+    best = max(reads, key=lambda rd: max(gather_values(r, rd)[1] for r in heads.values()))
+    return best, "no Aggregate candidate points at a token; the read position with the strongest Gather lift"

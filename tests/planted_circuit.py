@@ -1,0 +1,213 @@
+"""A planted retrieval circuit that *works*: its answer runs through Gather and Aggregate heads we place, so
+the detector's causal tests have a ground truth.
+
+The residual stream has four blocks of ``V`` dimensions (``V`` = vocabulary size), each a one-hot code of tokens:
+``E`` (the token itself), ``C`` (content gathered into a segment's read position), ``Q`` (the queried key at the
+query position) and ``O`` (the output the unembedding reads: ``logits = gain * O``).  Heads (``kind`` per layer:
+``attn`` softmax rows, or ``ssm``: the same rows plus a decaying tail, not renormalised, like implied attention):
+
+* ``gather``: at each segment's read position (``read`` = ``"delim"``: the ``\\n`` ending a ``k:v\\n`` line;
+  ``"value"``: the value token before it; ``"pair"``: the value of an MQAR pair ``k v``) attends uniformly to the
+  segment's earlier tokens and writes their ``E`` into ``C`` (``1/k`` each for ``k`` redundant Gather heads);
+* ``aggregate``: attends by content, ``softmax(beta * <Q_query, C_key>)``, and copies ``E + C`` of what it reads
+  into ``O`` (``1/k`` each);
+* ``keymover`` (the unrelated high-drop head): attends to the queried key (two tokens back in the KV prompt's
+  ``... ' k ' is``, itself in MQAR) and writes its ``E`` into ``Q``; without it the embedding puts it there;
+* distractors ``prev``, ``uniform``, ``sink``, ``self``, ``first_line`` write ``0.02 E`` into ``O`` (a small,
+  real effect) — none retrieves.  Rows a rule does not cover attend to position 0 (a sink).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+
+DISTRACTORS = ("prev", "uniform", "sink", "self", "first_line")
+
+
+class CircuitModel(HookedRootModule, ProtocolMixin):
+    def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, fmt: str = "kv",
+                 read: str = "delim", values: list[str] | None = None, beta: float = 60.0, gain: float = 30.0,
+                 noise: float = 0.02):
+        super().__init__()
+        self.tokenizer, self.heads_spec, self.kinds, self.fmt, self.read = tokenizer, heads, kinds, fmt, read
+        self.V = self.d_vocab = len(tokenizer)
+        self.beta, self.gain, self.noise = beta, gain, noise
+        self.newline = tokenizer.convert_tokens_to_ids("\n")
+        self.colon = tokenizer.convert_tokens_to_ids(":")
+        self.value_ids = set(tokenizer.convert_tokens_to_ids(list(values or [])))
+        self.n_ctx = None
+        n = max(len(h) for h in heads)
+        self.n_gather = sum(r == "gather" for layer in heads for r in layer)
+        self.n_agg = sum(r == "aggregate" for layer in heads for r in layer)
+        self.has_keymover = any("keymover" in layer for layer in heads)
+        self._layers = [LayerInfo(i, kinds[i], n, self.V, f"blocks.{i}.attn.hook_z") for i in range(len(heads))]
+        self.hook_embed = HookPoint()
+        self.hooks_pattern = nn.ModuleList([HookPoint() for _ in heads])
+        self.hooks_z = nn.ModuleList([HookPoint() for _ in heads])
+        self.dummy = nn.Parameter(torch.zeros(1))  # device/dtype anchor (never used)
+        self.setup()
+        renamed = {"hook_embed": self.hook_embed}
+        for i in range(len(heads)):
+            for hp, name in ((self.hooks_pattern[i], "attn.hook_pattern"), (self.hooks_z[i], "attn.hook_z")):
+                hp.name = f"blocks.{i}.{name}"
+                renamed[hp.name] = hp
+        self.hook_dict = renamed
+        self.mod_dict = dict(renamed)
+        self._cache: dict[tuple[int, ...], dict[str, Tensor]] = {}
+
+    @property
+    def layers(self) -> list[LayerInfo]:
+        return self._layers
+
+    # ---- token structure ----------------------------------------------------------------------------------
+    def _segments(self, toks: list[int]) -> list[tuple[int, int, int]]:
+        """``(start, end, read)`` of every segment found in the tokens (never from task annotations)."""
+        out = []
+        if self.fmt == "kv":
+            nl = [i for i, t in enumerate(toks) if t == self.newline]
+            for a, b in zip(nl, nl[1:]):
+                if b - a >= 4 and toks[a + 2] == self.colon:  # a `k : v \n` line
+                    out.append((a + 1, b + 1, b if self.read == "delim" else b - 1))
+        else:  # mqar: value tokens right after a non-value token
+            for i in range(1, len(toks)):
+                if toks[i] in self.value_ids and toks[i - 1] not in self.value_ids:
+                    out.append((i - 1, i + 1, i))
+        return out
+
+    def _rules(self, toks: list[int]) -> dict[str, Tensor]:
+        key = tuple(toks)
+        if key in self._cache:
+            return self._cache[key]
+        L = len(toks)
+        eye = torch.eye(L)
+        sink = torch.zeros(L, L)
+        sink[:, 0] = 1.0
+        pats: dict[str, Tensor] = {"sink": sink, "self": eye}
+        g = sink.clone()
+        segs = self._segments(toks)
+        for s, _e, r in segs:
+            g[r] = 0.0
+            g[r, s:r] = 1.0 / (r - s)
+        pats["gather"] = g
+        off = 2 if self.fmt == "kv" else 0
+        km = sink.clone()
+        for t in range(off, L):
+            km[t] = 0.0
+            km[t, t - off] = 1.0
+        pats["keymover"] = km
+        prev = sink.clone()
+        for t in range(1, L):
+            prev[t] = 0.0
+            prev[t, t - 1] = 1.0
+        pats["prev"] = prev
+        pats["uniform"] = torch.tril(torch.ones(L, L)) / torch.arange(1, L + 1)[:, None]
+        fl = sink.clone()
+        if segs:
+            r0 = segs[0][2]
+            fl[r0 + 1:] = 0.0
+            fl[r0 + 1:, r0] = 1.0
+        pats["first_line"] = fl
+        self._cache[key] = pats
+        return pats
+
+    # ---- forward ----------------------------------------------------------------------------------------------
+    def _embed(self, tokens: Tensor) -> Tensor:
+        B, L = tokens.shape
+        V = self.V
+        x = torch.zeros(B, L, 4 * V)
+        x[..., :V] = nn.functional.one_hot(tokens, V).float()
+        if not self.has_keymover:
+            off = 2 if self.fmt == "kv" else 0
+            x[:, off:, 2 * V:3 * V] = nn.functional.one_hot(tokens[:, : L - off], V).float()
+        return x
+
+    def _tail(self, L: int) -> Tensor:
+        idx = torch.arange(L)
+        d = (idx[:, None] - idx[None]).float()
+        return torch.where(d > 0, 0.1 * 0.5 ** (d - 1), torch.zeros(())).clamp_min(0)
+
+    def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
+        tokens = self.validate_tokens(tokens)
+        V = self.V
+        x = self.hook_embed(self._embed(tokens))
+        rules = [self._rules(row.tolist()) for row in tokens]
+        B, L = tokens.shape
+        causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
+        for i, spec in enumerate(self.heads_spec):
+            pats = []
+            for role in spec:
+                if role == "aggregate":
+                    s = self.beta * torch.einsum("bqv,bkv->bqk", x[..., 2 * V:3 * V], x[..., V:2 * V])
+                    p = s.masked_fill(~causal, float("-inf")).softmax(-1)
+                else:
+                    p = torch.stack([r[role if role in r else "sink"] for r in rules])
+                pats.append(p)
+            pat = torch.stack(pats, 1)  # [b, h, q, k]
+            if self.kinds[i] == "ssm":
+                pat = pat + self._tail(L)
+            pat = self.hooks_pattern[i](pat)
+            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
+            z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))  # [b, q, h, V]
+            out = torch.zeros_like(x)
+            for h, role in enumerate(spec):
+                zh = z[:, :, h]
+                if role == "gather":
+                    out[..., V:2 * V] += zh / self.n_gather
+                elif role == "aggregate":
+                    out[..., 3 * V:] += zh / self.n_agg
+                elif role == "keymover":
+                    out[..., 2 * V:3 * V] += zh
+                else:
+                    out[..., 3 * V:] += self.noise * zh
+            x = x + out
+        return self.gain * x[..., 3 * V:]
+
+    def run_with_cache(self, *args: Any, **kwargs: Any):
+        logits, cache = super().run_with_cache(*args, **kwargs)
+        return logits, ActivationCache(cache, self)
+
+    def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
+        name = f"blocks.{info.index}.attn.hook_pattern"
+        _, cache = self.run_with_cache(self.validate_tokens(tokens_or_cache), names_filter=[name])
+        full = cache[name][:, heads]
+        return gather_rows(full, resolve_rows(rows, full.shape[0], full.shape[-1]))
+
+
+def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int,
+          keymover: bool, read: str, kind: str = "attn", seed: int = 0) -> tuple[CircuitModel, set, set]:
+    """A planted model: Gather heads in one layer, Aggregate heads in a later one, the key-mover (if any) in layer
+    0, distractors everywhere else.  Returns the model and the true Gather and Aggregate heads."""
+    import random
+
+    rng = random.Random(seed)
+    g_layer = rng.randrange(0, depth - 1)
+    a_layer = rng.randrange(g_layer + 1, depth)
+    spec = [[""] * heads_per_layer for _ in range(depth)]
+    def place(layer: int, role: str, k: int) -> list[tuple[int, int]]:
+        free = [h for h in range(heads_per_layer) if not spec[layer][h]]
+        picks = rng.sample(free, k)
+        for h in picks:
+            spec[layer][h] = role
+        return [(layer, h) for h in picks]
+    if keymover:
+        place(0, "keymover", 1)
+    gather = place(g_layer, "gather", n_gather)
+    agg = place(a_layer, "aggregate", n_agg)
+    for layer in spec:
+        for h in range(heads_per_layer):
+            if not layer[h]:
+                layer[h] = rng.choice(DISTRACTORS)
+    kinds = ["attn"] * depth
+    if kind == "ssm":
+        kinds[g_layer] = kinds[a_layer] = "ssm"
+    fmt = "mqar" if read == "pair" else "kv"
+    model = CircuitModel(tokenizer, spec, kinds, fmt=fmt, read=read, values=values)
+    return model, set(gather), set(agg)

@@ -1,0 +1,113 @@
+"""The planted-circuit matrix: the detector against circuits whose Gather and Aggregate heads we placed.
+
+    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown]
+
+prints, per configuration, the true and named heads, and the precision / recall of the named heads over the
+whole matrix (the table in ``docs/results.md``).  ``tests/test_detect_matrix.py`` runs the same configurations
+(a fast subset by default, the rest under ``-m slow``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+N_PROMPTS = 8
+
+
+def configs() -> list[dict[str, Any]]:
+    """56 configurations drawn (seeded) from heads per layer 4-32, heads per role 1-4, with/without a key-mover,
+    read at the delimiter / value token / last token (MQAR pairs), depth 2-4, attention or SSM heads; the first
+    eight cover every axis value and run in the default suite."""
+    rng = random.Random(19)
+    axes = dict(heads_per_layer=[4, 8, 16, 32], n_gather=[1, 2, 3, 4], n_agg=[1, 2, 3, 4], keymover=[True, False],
+                read=["delim", "value", "pair"], depth=[2, 3, 4], kind=["attn", "ssm"])
+    fast = [
+        dict(heads_per_layer=4, n_gather=1, n_agg=1, keymover=True, read="delim", depth=2, kind="attn"),
+        dict(heads_per_layer=8, n_gather=1, n_agg=4, keymover=False, read="delim", depth=2, kind="attn"),
+        dict(heads_per_layer=8, n_gather=2, n_agg=2, keymover=True, read="value", depth=3, kind="attn"),
+        dict(heads_per_layer=6, n_gather=1, n_agg=2, keymover=True, read="pair", depth=2, kind="attn"),
+        dict(heads_per_layer=4, n_gather=1, n_agg=3, keymover=True, read="delim", depth=4, kind="ssm"),
+        dict(heads_per_layer=8, n_gather=3, n_agg=1, keymover=False, read="value", depth=2, kind="ssm"),
+        dict(heads_per_layer=16, n_gather=4, n_agg=2, keymover=True, read="delim", depth=3, kind="attn"),
+        dict(heads_per_layer=32, n_gather=2, n_agg=4, keymover=True, read="pair", depth=2, kind="ssm"),
+    ]
+    out = [dict(c, seed=i) for i, c in enumerate(fast)]
+    seen = {tuple(sorted(c.items())) for c in fast}
+    while len(out) < 56:
+        c = {k: rng.choice(v) for k, v in axes.items()}
+        if c["n_gather"] + 1 > c["heads_per_layer"] or c["n_agg"] > c["heads_per_layer"]:
+            continue
+        key = tuple(sorted(c.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(dict(c, seed=len(out)))
+    return out
+
+
+def world() -> tuple[Any, Any]:
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
+
+    w = make_world(seed=5, n_entities=16, n_keys=24, n_values=24)
+    return w, build_tokenizer(w)
+
+
+def examples(cfg: dict[str, Any], w: Any, tok: Any) -> list[Any]:
+    from gather_aggregate.tasks.kv import KVRetrieval
+    from gather_aggregate.tasks.mqar import MQAR
+
+    if cfg["read"] == "pair":
+        return MQAR(n_pairs=5, n_queries=1, keys=w.kv_keys, values=w.kv_values).examples(tok, n=N_PROMPTS, seed=1)
+    return KVRetrieval(n_pairs=5, keys=w.kv_keys, values=w.kv_values).examples(tok, n=N_PROMPTS, seed=1)
+
+
+def run(cfg: dict[str, Any], w: Any = None, tok: Any = None) -> dict[str, Any]:
+    from planted_circuit import build
+
+    from gather_aggregate.detect_rules import decide
+
+    if w is None:
+        w, tok = world()
+    args = {k: v for k, v in cfg.items()}
+    model, g_true, a_true = build(tok, w.kv_values, **args)
+    res = decide(model, examples(cfg, w, tok))
+    g, a = set(res["gather"]), set(res["aggregate"])
+    return {"cfg": cfg, "gather_true": sorted(g_true), "aggregate_true": sorted(a_true), "gather": sorted(g),
+            "aggregate": sorted(a), "read": res["read"], "tp": len(g & g_true) + len(a & a_true),
+            "fp": len(g - g_true) + len(a - a_true), "fn": len(g_true - g) + len(a_true - a),
+            "pairs_ok": set(res["pairs"]) == set(itertools.product(sorted(g_true), sorted(a_true))),
+            "margin": res["margin"]}
+
+
+def main() -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    w, tok = world()
+    tp = fp = fn = 0
+    rows = []
+    t0 = time.time()
+    for cfg in configs():
+        r = run(cfg, w, tok)
+        tp, fp, fn = tp + r["tp"], fp + r["fp"], fn + r["fn"]
+        rows.append(r)
+        c = r["cfg"]
+        print(f"| {c['seed']} | {c['heads_per_layer']} | {c['depth']} | {c['kind']} | {c['read']} | "
+              f"{'yes' if c['keymover'] else 'no'} | {c['n_gather']}/{c['n_agg']} | {r['read']} | "
+              f"{r['tp']} | {r['fp']} | {r['fn']} | {'yes' if r['pairs_ok'] else 'no'} |", flush=True)
+    prec = tp / max(tp + fp, 1)
+    rec = tp / max(tp + fn, 1)
+    print(f"\n{len(rows)} configurations, {tp + fn} planted heads: precision {prec:.3f}, recall {rec:.3f}, "
+          f"pairs exact in {sum(r['pairs_ok'] for r in rows)}/{len(rows)} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
