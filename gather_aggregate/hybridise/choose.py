@@ -3,8 +3,8 @@
 * ``"scan"``: top-k by the exact ablation scan on a retrieval task (the drop in
   the answer's log-prob when the head is zero-ablated): the paper's choice;
 * ``"detector"``: the heads :func:`gather_aggregate.detect.find_ga_heads` names
-  (Aggregate heads first, then Gather heads), topped up in scan order when it
-  names fewer than ``k``;
+  as Gather or Aggregate heads, most important first (by their own scan drop),
+  topped up in scan order when it names fewer than ``k``;
 * ``"random"``: ``k`` heads drawn uniformly (``seed``);
 * ``"bottom"``: the ``k`` heads the scan ranks last.
 
@@ -54,8 +54,8 @@ def choose_heads(model: Any, examples: Sequence[Any], k: int, strategy: str = "s
         return order[::-1][:k]
     from gather_aggregate.detect import find_ga_heads
 
-    named = find_ga_heads(model, list(examples), scan).ga_heads()
-    return (named + [h for h in order if h not in named])[:k]
+    named = set(find_ga_heads(model, list(examples), scan).ga_heads())
+    return ([h for h in order if h in named] + [h for h in order if h not in named])[:k]
 
 
 __all__ = ["choose_heads", "scan_order", "STRATEGIES"]

@@ -120,11 +120,14 @@ def _elements(c: dict[str, Any], L: int) -> tuple[int, int, int]:
                        int(c.get("conv_kernel", 4)))
         return 0, int(c["num_hidden_layers"]) * s, int(c["num_hidden_layers"]) * v
     if mt in ("bamba", "jamba"):
-        kinds = list(c.get("layers_block_type") or [])
-        if not kinds:
-            raise UnsupportedModelError(f"{mt} config without layers_block_type; cannot tell attention layers apart")
-        n_attn = sum(k in ("attention", "full_attention") for k in kinds)
-        n_ssm = len(kinds) - n_attn
+        n = int(c["num_hidden_layers"])
+        if mt == "bamba":  # HF derives layers_block_type from these (a property, absent from config.json)
+            attn = set(c.get("attn_layer_indices") or [])
+        else:
+            period, offset = int(c.get("attn_layer_period", 8)), int(c.get("attn_layer_offset", 4))
+            attn = {i for i in range(n) if i % period == offset}
+        n_attn = len([i for i in range(n) if i in attn])
+        n_ssm = n - n_attn
         kv, d_head = _attn_geometry(c)
         if mt == "bamba":
             s, v = _mamba2(int(c["mamba_n_heads"]), int(c["mamba_d_head"]), int(c["mamba_d_state"]),
