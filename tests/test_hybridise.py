@@ -178,3 +178,39 @@ def test_distillation_runs_every_stage_and_resumes_exactly(teacher, tmp_path):
         distill(other, full, data, cfg, out_dir=tmp_path / "b", progress=False)
     with pytest.raises(InputError, match="every head"):
         distill(other, ref, data, cfg, progress=False)
+
+
+def test_toy_sweep_smoke(tmp_path):
+    """The experiment runner end to end on the zoo transformer with one step per stage; reruns skip what is done."""
+    from gather_aggregate.hybridise.experiment import run_sweep, zoo_batches
+    from gather_aggregate.zoo import zoo_path
+
+    b = zoo_batches(zoo_path("llama-kvmc"), batch_size=2, seed=5)
+    assert torch.equal(b(3), b(3)) and not torch.equal(b(3), b(4))
+    kw = dict(ks=[0], strategies=["scan"], seeds=[0], d_states=[4], steps=(1, 1, 1), out=tmp_path,
+              batch_size=2, eval_n=4, progress=False)
+    rows = run_sweep(zoo_path("llama-kvmc"), **kw)
+    assert [r["name"] for r in rows] == ["teacher", "none-k0-s0-N4"]
+    assert rows[0]["kv"] >= 0.75 and 1.0 <= rows[0]["ppl"] < 2.0  # the teacher retrieves and answers
+    assert set(rows[1]) >= {"kv", "letter_mc", "content_mc", "knowledge", "ppl", "final_loss"}
+    assert (tmp_path / "none-k0-s0-N4" / "model" / "config.json").is_file()
+    assert run_sweep(zoo_path("llama-kvmc"), **kw) == rows
+
+
+@pytest.mark.slow
+def test_full_distillation_run_recovers_the_teacher_better_than_its_initialisation(tmp_path):
+    """A full-length run (scan top-2 kept, 60/60/120 steps): the end-to-end KL to the teacher falls."""
+    from gather_aggregate.hybridise import hybridise
+    from gather_aggregate.hybridise.distill import DistillConfig, distill, stage_loss
+    from gather_aggregate.hybridise.experiment import zoo_batches
+    from gather_aggregate.zoo import zoo_path
+
+    p = zoo_path("llama-kvmc")
+    teacher, student = hybridise(p, "all"), hybridise(p, [(0, 2), (1, 0)])
+    held = zoo_batches(p, 8, seed=99)(0)
+    with torch.no_grad():
+        before = float(stage_loss(student, teacher, held, "end_to_end"))
+    distill(student, teacher, zoo_batches(p, 8), DistillConfig(steps=(60, 60, 120)), out_dir=tmp_path)
+    with torch.no_grad():
+        after = float(stage_loss(student, teacher, held, "end_to_end"))
+    assert after < 0.5 * before

@@ -28,8 +28,11 @@ import torch
 from gather_aggregate.errors import InputError
 
 
-def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0) -> Callable[[int], torch.Tensor]:
-    """``step -> tokens``: batches of the mixture the zoo model was trained on (a pure function of the step)."""
+def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0, *,
+                labels: bool = False) -> Callable[[int], Any]:
+    """``step -> tokens``: batches of the mixture the zoo model was trained on (a pure function of the step);
+    with ``labels=True``, ``step -> (tokens, labels)`` where ``labels`` holds the next token at the positions
+    the zoo trained on (the answers) and -100 elsewhere."""
     from gather_aggregate.zoo.data import Mixture, collate, sample_doc
     from gather_aggregate.zoo.vocab import PAD, make_world
 
@@ -39,32 +42,51 @@ def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0) -> C
     vocab = world.vocab()
     pad = vocab[PAD]
 
-    def batch(step: int) -> torch.Tensor:
+    def batch(step: int) -> Any:
         rng = random.Random(seed * 1_000_003 + step)
-        return collate([sample_doc(world, rng, mix)[1] for _ in range(batch_size)], vocab, pad)[0]
+        x, y = collate([sample_doc(world, rng, mix)[1] for _ in range(batch_size)], vocab, pad)
+        return (x, y) if labels else x
 
     return batch
 
 
-def perplexity(model: Any, batches: Callable[[int], torch.Tensor], n_batches: int = 4, pad_id: int = 0) -> float:
-    """``exp`` of the mean next-token NLL over the non-pad tokens of ``n_batches`` held-out batches."""
+def perplexity(model: Any, batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]], n_batches: int = 4) -> float:
+    """``exp`` of the mean NLL of the answer tokens (``labels != -100``) over ``n_batches`` held-out batches.
+
+    Only the answers: the zoo models were trained on them alone, so the other
+    tokens (random keys and values, filler) are not predicted and would swamp the mean.
+    """
     nll, n = 0.0, 0
     with torch.no_grad():
         for i in range(n_batches):
-            x = batches(i)
-            logp = torch.log_softmax(model(x)[:, :-1], -1)
-            tgt = x[:, 1:]
-            mask = tgt != pad_id
-            nll += float(-(logp.gather(-1, tgt[..., None])[..., 0] * mask).sum())
-            n += int(mask.sum())
+            x, y = batches(i)
+            logits = model(x)
+            nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                           ignore_index=-100, reduction="sum"))
+            n += int((y != -100).sum())
     return float(torch.tensor(nll / max(n, 1)).exp())
 
 
-def measure(model: Any, model_dir: Path, eval_n: int, heldout: Callable[[int], torch.Tensor]) -> dict[str, float]:
+def measure(model: Any, model_dir: Path, eval_n: int, heldout: Callable[[int], Any]) -> dict[str, float]:
     from gather_aggregate.zoo.claims import accuracies, task_sets
 
     accs = accuracies(model, task_sets(model, model_dir, eval_n, seed=0))
     return {**{t.replace("-", "_"): round(v, 4) for t, v in accs.items()}, "ppl": round(perplexity(model, heldout), 4)}
+
+
+def remeasure(teacher_dir: Path, out: Path, eval_n: int = 96, batch_size: int = 16) -> list[dict[str, Any]]:
+    """Measure every saved hybrid of a sweep (and the teacher) again with the current :func:`measure`."""
+    from gather_aggregate import load_model
+    from gather_aggregate.hybridise.build import hybridise
+    from gather_aggregate.io import atomic_write_json
+
+    rows = json.loads((out / "results.json").read_text())
+    heldout = zoo_batches(teacher_dir, batch_size, seed=99, labels=True)
+    for r in rows:
+        model = hybridise(teacher_dir, "all") if r["name"] == "teacher" else load_model(out / r["name"] / "model")
+        r.update(measure(model, teacher_dir, eval_n, heldout))
+    atomic_write_json(out / "results.json", rows)
+    return rows
 
 
 def run_sweep(teacher_dir: Path, ks: Sequence[int], strategies: Sequence[str], seeds: Sequence[int],
@@ -81,13 +103,14 @@ def run_sweep(teacher_dir: Path, ks: Sequence[int], strategies: Sequence[str], s
     rows: list[dict[str, Any]] = json.loads(res_path.read_text()) if res_path.is_file() else []
     done = {r["name"] for r in rows}
     teacher = hybridise(teacher_dir, "all")
-    train, heldout = zoo_batches(teacher_dir, batch_size, seed=0), zoo_batches(teacher_dir, batch_size, seed=99)
+    train = zoo_batches(teacher_dir, batch_size, seed=0)
+    heldout = zoo_batches(teacher_dir, batch_size, seed=99, labels=True)
     if "teacher" not in done:
         rows.append({"name": "teacher", "strategy": "teacher", "k": teacher.cfg.n_kept, **measure(
             teacher, teacher_dir, eval_n, heldout)})
         atomic_write_json(res_path, rows)
     kv_scan_set = task_sets(teacher, teacher_dir, 32, seed=1)["kv"]  # heads are chosen on other prompts than scored
-    _, scan = scan_order(teacher, kv_scan_set)
+    scan: Any = None
     for d_state in d_states:
         for strategy in strategies:
             for k in ks:
@@ -99,6 +122,8 @@ def run_sweep(teacher_dir: Path, ks: Sequence[int], strategies: Sequence[str], s
                     if name in done:
                         continue
                     done.add(name)
+                    if scan is None and k > 0 and strategy != "random":
+                        _, scan = scan_order(teacher, kv_scan_set)
                     kept = choose_heads(teacher, kv_scan_set, k, strategy, seed=seed, scan=scan)
                     student = hybridise(teacher_dir, kept, d_state=d_state, seed=seed)
                     t0 = time.time()
@@ -137,11 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-n", type=int, default=96)
     p.add_argument("--out", default="ga_out/hybrid")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--remeasure", action="store_true", help="only measure the saved hybrids of --out again")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from gather_aggregate.zoo import list_zoo
 
     teacher = list_zoo().get(a.teacher, Path(a.teacher))
+    if a.remeasure:
+        remeasure(Path(teacher), Path(a.out), a.eval_n, a.batch_size)
+        return 0
     steps = _ints(a.steps)
     if len(steps) != 3:
         raise InputError("--steps takes three numbers (orientation, alignment, end-to-end)")
