@@ -182,7 +182,7 @@ def test_distillation_runs_every_stage_and_resumes_exactly(teacher, tmp_path):
 
 def test_toy_sweep_smoke(tmp_path):
     """The experiment runner end to end on the zoo transformer with one step per stage; reruns skip what is done."""
-    from gather_aggregate.hybridise.experiment import run_sweep, zoo_batches
+    from gather_aggregate.hybridise.experiment import format_results, run_sweep, zoo_batches
     from gather_aggregate.zoo import zoo_path
 
     b = zoo_batches(zoo_path("llama-kvmc"), batch_size=2, seed=5)
@@ -195,6 +195,8 @@ def test_toy_sweep_smoke(tmp_path):
     assert set(rows[1]) >= {"kv", "letter_mc", "content_mc", "knowledge", "ppl", "final_loss"}
     assert (tmp_path / "none-k0-s0-N4" / "model" / "config.json").is_file()
     assert run_sweep(zoo_path("llama-kvmc"), **kw) == rows
+    table = format_results(rows).splitlines()
+    assert table[2].startswith("| `teacher` | all |") and table[3].startswith("| `none-k0-s0-N4` | none |")
 
 
 @pytest.mark.slow

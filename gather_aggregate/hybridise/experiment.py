@@ -143,6 +143,18 @@ def run_sweep(teacher_dir: Path, ks: Sequence[int], strategies: Sequence[str], s
     return rows
 
 
+def format_results(rows: Sequence[dict[str, Any]]) -> str:
+    """The sweep's rows as a markdown table (the teacher first, then by k and strategy)."""
+    head = "| hybrid | kept attention heads | KV | letter-MC | content-MC | knowledge | answer ppl | minutes |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["name"] != "teacher", r.get("k", 0), r["name"])):
+        kept = "all" if r["name"] == "teacher" else (", ".join(f"L{a}H{b}" for a, b in r["kept"]) or "none")
+        mins = r.get("minutes_this_session", "")
+        lines.append(f"| `{r['name']}` | {kept} | {r['kv']:.2f} | {r['letter_mc']:.2f} | {r['content_mc']:.2f} | "
+                     f"{r['knowledge']:.2f} | {r['ppl']:.2f} | {mins} |")
+    return "\n".join(lines)
+
+
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -163,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="ga_out/hybrid")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--remeasure", action="store_true", help="only measure the saved hybrids of --out again")
+    p.add_argument("--table", action="store_true", help="only print --out's results as a markdown table")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from gather_aggregate.zoo import list_zoo
@@ -170,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     teacher = list_zoo().get(a.teacher, Path(a.teacher))
     if a.remeasure:
         remeasure(Path(teacher), Path(a.out), a.eval_n, a.batch_size)
+    if a.remeasure or a.table:
+        print(format_results(json.loads((Path(a.out) / "results.json").read_text())))
         return 0
     steps = _ints(a.steps)
     if len(steps) != 3:
