@@ -152,7 +152,8 @@ def test_distillation_runs_every_stage_and_resumes_exactly(teacher, tmp_path):
     cfg = DistillConfig(steps=(6, 3, 3), lr=(1e-2, 1e-3, 1e-3), checkpoint_every=1, log_every=1)
 
     ref = hybridise(hf, [(1, 0)], d_state=8)
-    before = float(stage_loss(ref, full, data(0), "orientation"))
+    with torch.no_grad():
+        before = float(stage_loss(ref, full, data(0), "orientation"))
     log = distill(ref, full, data, cfg, out_dir=tmp_path / "a", progress=False)
     assert [r["stage"] for r in log] == ["orientation"] * 6 + ["alignment"] * 3 + ["end_to_end"] * 3
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in log)

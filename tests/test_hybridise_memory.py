@@ -77,10 +77,10 @@ def test_memory_cli_prints_the_table(capsys, tmp_path):
 
 
 def test_head_choice_strategies_on_the_zoo_transformer():
+    from gather_aggregate.claims import task_sets
     from gather_aggregate.hybridise import choose_heads, hybridise
     from gather_aggregate.hybridise.choose import scan_order
     from gather_aggregate.zoo import zoo_path
-    from gather_aggregate.zoo.claims import task_sets
 
     model = hybridise(zoo_path("llama-kvmc"), "all")
     kv = task_sets(model, zoo_path("llama-kvmc"), 8, seed=1)["kv"]

@@ -41,7 +41,7 @@ def _teacher_parts(teacher: Any) -> tuple[Any, dict[str, torch.Tensor], Any, str
     if isinstance(teacher, (str, os.PathLike)):
         from transformers import AutoConfig
 
-        from gather_aggregate.adapters.convert import read_state_dict
+        from gather_aggregate.adapters.checkpoint import read_state_dict
         from gather_aggregate.loading import load_tokenizer
 
         d = Path(teacher).expanduser()

@@ -28,7 +28,7 @@ def scan_order(model: Any, examples: Sequence[Any], scan: Any = None) -> tuple[l
     """Every head, most important first by the exact zero-ablation scan (and the scan)."""
     if scan is None:
         from gather_aggregate.scan import exact_scan
-        from gather_aggregate.workflows import task_metric
+        from gather_aggregate.tasks.metric import task_metric
 
         tokens, metric = task_metric(model, list(examples))
         scan = exact_scan(model, tokens, metric, progress=False)

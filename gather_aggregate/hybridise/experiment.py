@@ -33,8 +33,8 @@ def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0, *,
     """``step -> tokens``: batches of the mixture the zoo model was trained on (a pure function of the step);
     with ``labels=True``, ``step -> (tokens, labels)`` where ``labels`` holds the next token at the positions
     the zoo trained on (the answers) and -100 elsewhere."""
-    from gather_aggregate.zoo.data import Mixture, collate, sample_doc
-    from gather_aggregate.zoo.vocab import PAD, make_world
+    from gather_aggregate.training.data import Mixture, collate, sample_doc
+    from gather_aggregate.training.vocab import PAD, make_world
 
     raw = json.loads((Path(model_dir) / "train_config.json").read_text())
     world = make_world(int(raw["config"].get("world_seed", 0)))
@@ -68,7 +68,7 @@ def perplexity(model: Any, batches: Callable[[int], tuple[torch.Tensor, torch.Te
 
 
 def measure(model: Any, model_dir: Path, eval_n: int, heldout: Callable[[int], Any]) -> dict[str, float]:
-    from gather_aggregate.zoo.claims import accuracies, task_sets
+    from gather_aggregate.claims import accuracies, task_sets
 
     accs = accuracies(model, task_sets(model, model_dir, eval_n, seed=0))
     return {**{t.replace("-", "_"): round(v, 4) for t, v in accs.items()}, "ppl": round(perplexity(model, heldout), 4)}
@@ -92,11 +92,11 @@ def remeasure(teacher_dir: Path, out: Path, eval_n: int = 96, batch_size: int = 
 def run_sweep(teacher_dir: Path, ks: Sequence[int], strategies: Sequence[str], seeds: Sequence[int],
               d_states: Sequence[int | None], steps: tuple[int, int, int], out: Path, *, batch_size: int = 16,
               eval_n: int = 96, progress: bool = True) -> list[dict[str, Any]]:
+    from gather_aggregate.claims import task_sets
     from gather_aggregate.hybridise.build import hybridise
     from gather_aggregate.hybridise.choose import choose_heads, scan_order
     from gather_aggregate.hybridise.distill import DistillConfig, distill
     from gather_aggregate.io import atomic_write_json
-    from gather_aggregate.zoo.claims import task_sets
 
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.json"

@@ -134,7 +134,7 @@ class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
 
     # ---- patterns ------------------------------------------------------------
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
-        from gather_aggregate.adapters.implied import mamba2_implied_attention
+        from gather_aggregate.adapters.implied_mamba2 import mamba2_implied_attention
 
         L = info.index
         mixer = self.blocks[L].attn
