@@ -130,6 +130,14 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
         model = load_ssm(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs)
         model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
         return model
+    from gather_aggregate.hybridise.model import is_head_hybrid_dir
+
+    if is_head_hybrid_dir(name_or_path):  # a hybridised transformer (gather_aggregate.hybridise)
+        from gather_aggregate.hybridise.model import load_head_hybrid
+
+        model = load_head_hybrid(name_or_path, device=device, dtype=parse_dtype(dtype))
+        model.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(name_or_path))
+        return model
     config, source = _resolve_config(name_or_path)
     dtype = parse_dtype(dtype)
     tok = tokenizer if tokenizer is not None else load_tokenizer(source)
