@@ -165,7 +165,8 @@ def default_max_rows(model: HookedModel) -> int:
 def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
-               progress: bool = True) -> ScanResult:
+               progress: bool = True, ray: bool = False, ray_address: str | None = None,
+               num_workers: int = 2) -> ScanResult:
     """Exact ablation scores for ``heads`` (default: all), batched.
 
     ``max_rows`` bounds the stacked batch (copies x prompts) of one forward;
@@ -175,7 +176,16 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     With ``out`` the table is written (JSON + CSV, atomically) after every
     chunk; ``resume=True`` skips heads already in ``out`` after checking that
     it belongs to the same model, task and ablation.
+    With ``ray=True`` (a local Ray cluster) or ``ray_address="auto"`` / ``"host:port"`` the heads are
+    sharded across ``num_workers`` Ray workers that each load the model once
+    (:func:`gather_aggregate.distributed.exact_scan_ray`; same numbers, same table).
     """
+    if ray or ray_address is not None:
+        from gather_aggregate.distributed import exact_scan_ray
+
+        return exact_scan_ray(model, tokens, metric, heads, method, reference, per_position=per_position,
+                              seed=seed, max_rows=max_rows, out=out, resume=resume, address=ray_address,
+                              num_workers=num_workers)
     tokens, heads = _prepare(model, tokens, heads)
     batch = tokens.shape[0]
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,

@@ -1,0 +1,338 @@
+"""Sharded jobs on Ray: exact scans, ablation sweeps, and any per-model job (e.g. lm-eval runs).
+
+Ray is an optional extra (``pip install "gather-aggregate[ray]"``) and is
+imported only when a job runs.  The one engine is :func:`run_sharded`:
+
+* ``num_workers`` Ray actors each call ``load()`` **once** (load a model) and
+  then run ``run(state, shard) -> rows`` for one shard after another;
+* the driver writes the rows of every finished shard into one table
+  (JSON + CSV, atomically, :func:`gather_aggregate.io.write_table`) and records
+  the finished shards' keys in its ``meta``, so an interrupted job resumes
+  with ``resume=True`` and runs only the shards that are missing;
+* a shard whose worker dies (killed, out of memory, node lost) is re-run on a
+  fresh worker; its rows enter the table only once, when a run of it
+  finishes, so nothing is lost or counted twice.
+
+:func:`exact_scan_ray` shards an exact head scan by heads (aligned to the
+stacked forwards of :func:`gather_aggregate.scan.exact_scan`, so the numbers
+are those of one process, bit for bit) and writes the table ``exact_scan``
+writes (either resumes the other's file).  :func:`ablation_sweep` scores a
+list of head sets, one process or sharded.
+
+``address``: ``None`` starts (or reuses) a local Ray cluster; ``"auto"`` or
+``"host:port"`` / ``"ray://host:port"`` joins a running one.  An address that
+does not answer raises :class:`~gather_aggregate.errors.ClusterUnreachableError`.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gather_aggregate.errors import ClusterUnreachableError, InputError, ResumeMismatchError
+from gather_aggregate.io import write_table
+
+Rows = list[dict[str, Any]]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("Ray is not installed; install the extra: pip install \"gather-aggregate[ray]\"") from None
+    return ray
+
+
+def _check_reachable(address: str, timeout: float = 3.0) -> None:
+    """Fail fast (one line, the fix named) when ``host:port`` does not accept a connection."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"cannot read Ray address {address!r}; pass 'auto', 'HOST:PORT' or 'ray://HOST:PORT'")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ClusterUnreachableError(
+            f"no Ray cluster answers at {address!r} ({exc.strerror or exc}); start one with `ray start --head` "
+            "and pass its address, or pass ray_address=None (--ray without an address) for a local cluster"
+        ) from None
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> Any:
+    """The ``ray`` module, initialised: reuse a running session, join ``address``, or start a local cluster."""
+    remote = address is not None and address not in ("local", "auto")
+    if remote:
+        _check_reachable(address)
+    ray = _ray()
+    if ray.is_initialized():
+        return ray
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address is not None and address != "local":
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClusterUnreachableError(
+                f"cannot join the Ray cluster at {address!r} ({str(exc).splitlines()[0]}); start one with "
+                "`ray start --head`, or pass ray_address=None for a local cluster") from None
+        return ray
+    ray.init(num_cpus=num_cpus, **kwargs)
+    return ray
+
+
+class _Worker:
+    """One Ray actor: ``load()`` once, then ``run(state, shard)`` per shard."""
+
+    def __init__(self, load: Callable[[], Any], run: Callable[[Any, Any], Rows], threads: int) -> None:
+        import os
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        try:
+            import torch
+
+            torch.set_num_threads(threads)
+        except ImportError:  # pragma: no cover - a job without torch
+            pass
+        self.state = load()
+        self.fn = run
+
+    def run(self, index: int, shard: Any) -> tuple[int, Rows]:
+        return index, list(self.fn(self.state, shard))
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards: Sequence[Any], *,
+                key: Callable[[Any], str] = repr, address: str | None = None, num_workers: int = 2,
+                threads: int = 1, out: str | Path | None = None, meta: dict[str, Any] | None = None,
+                resume: bool = False, prior_rows: Rows | None = None, max_retries: int = 3,
+                on_shard: Callable[[Rows], None] | None = None) -> Rows:
+    """Run ``run(state, shard)`` for every shard on ``num_workers`` Ray actors that each ``load()`` once.
+
+    Returns every row (prior rows first, then the shards' rows in shard order).  With ``out`` the table
+    ``{"meta": meta + done_shards, "rows": rows}`` is written atomically after every finished shard;
+    ``resume=True`` skips the shards whose ``key(shard)`` the file lists, after checking that its other meta
+    entries equal ``meta``.  ``load`` and ``run`` must be picklable (module-level functions, ``functools.partial``,
+    or closures over picklable values).  A shard whose worker dies is retried on a new worker up to
+    ``max_retries`` times.
+    """
+    if num_workers < 1:
+        raise InputError(f"num_workers must be at least 1, got {num_workers}")
+    meta = dict(meta or {})
+    keys = [key(s) for s in shards]
+    if len(set(keys)) != len(keys):
+        raise InputError("two shards have the same key; give every shard a distinct key (key=...)")
+    prior, done = list(prior_rows or []), set()
+    if out is not None and resume and Path(out).is_file():
+        prior, done = _resume_rows(Path(out), meta)
+    todo = [i for i, k in enumerate(keys) if k not in done]
+    results: dict[int, Rows] = {}
+
+    def save() -> None:
+        if out is not None:
+            rows = prior + [r for i in sorted(results) for r in results[i]]
+            write_table(rows, out, {**meta, "done_shards": sorted(done | {keys[i] for i in results}),
+                                    "complete": len(done) + len(results) == len(keys)})
+
+    if todo:
+        ray = connect(address, num_cpus=None if address is not None else num_workers * threads)
+        actor_cls = ray.remote(num_cpus=threads, max_restarts=0)(_Worker)
+        workers = [actor_cls.remote(load, run, threads) for _ in range(min(num_workers, len(todo)))]
+        actors = list(workers)
+        queue, tries = list(todo), dict.fromkeys(todo, 0)
+        running: dict[Any, tuple[int, Any]] = {}
+
+        def submit(w: Any) -> None:
+            i = queue.pop(0)
+            tries[i] += 1
+            running[w.run.remote(i, shards[i])] = (i, w)
+
+        for w in workers:
+            if queue:
+                submit(w)
+        try:
+            while running:
+                ready, _ = ray.wait(list(running), num_returns=1)
+                i, w = running.pop(ready[0])
+                try:
+                    _, rows = ray.get(ready[0])
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+                    if tries[i] > max_retries:
+                        raise RuntimeError(f"shard {keys[i]!r} lost its worker {tries[i]} times; giving up "
+                                           f"({type(exc).__name__})") from None
+                    queue.insert(0, i)  # re-run it first, on a fresh worker
+                    w = actor_cls.remote(load, run, threads)
+                    actors.append(w)
+                else:
+                    results[i] = rows
+                    save()
+                    if on_shard is not None:
+                        on_shard(rows)
+                if queue:
+                    submit(w)
+        finally:
+            for w in actors:
+                ray.kill(w, no_restart=True)
+    save()
+    return prior + [r for i in sorted(results) for r in results[i]]
+
+
+def _resume_rows(path: Path, meta: dict[str, Any]) -> tuple[Rows, set[str]]:
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable table ({exc})") from None
+    old_meta = old.get("meta", {})
+    for k, v in meta.items():
+        if k not in ("complete", "done_shards", "metric_clean") and old_meta.get(k) != v:
+            raise ResumeMismatchError(f"cannot resume from {str(path)!r}: its {k!r} is {old_meta.get(k)!r}, "
+                                      f"this job's is {v!r}; use another out= or drop resume")
+    return list(old.get("rows", [])), set(old_meta.get("done_shards", []))
+
+
+# ---- models on workers ------------------------------------------------------------------------------------
+def model_loader(model: Any) -> Callable[[], Any]:
+    """A picklable loader that rebuilds ``model`` in a worker: a directory / hub name, a callable, or a model
+    returned by :func:`gather_aggregate.load_model` (which records how it was loaded)."""
+    import functools
+
+    from gather_aggregate.loading import load_model
+
+    if isinstance(model, (str, Path)):
+        return functools.partial(load_model, str(model))
+    if callable(model) and not hasattr(model, "layers"):
+        return model
+    spec = getattr(model, "ga_load_spec", None)
+    if spec is None:
+        raise InputError("Ray workers load the model themselves: pass a model from load_model(path), its path, "
+                         "or a picklable loader function")
+    path, kwargs = spec
+    return functools.partial(load_model, path, **kwargs)
+
+
+def _scan_shard(model: Any, shard: tuple[list[tuple[int, int]], dict[str, Any]]) -> Rows:
+    from gather_aggregate.scan import exact_scan
+
+    heads, kw = shard
+    return exact_scan(model, heads=heads, progress=False, **kw).rows
+
+
+def exact_scan_ray(model: Any, tokens: Any, metric: Any, heads: Sequence[tuple[int, int]] | None = None,
+                   method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
+                   max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
+                   address: str | None = None, num_workers: int = 2, threads: int = 1,
+                   shards_per_worker: int = 4) -> Any:
+    """:func:`~gather_aggregate.scan.exact_scan` with its heads partitioned across Ray workers.
+
+    ``model`` must be loadable in a worker (:func:`model_loader`); the driver uses it for the head list and the
+    table's fingerprints.  Each shard is a run of whole stacked forwards of one layer, so every number equals
+    the single-process scan's.  The table (``out``) is exact_scan's: either resumes the other's file.
+    """
+    from gather_aggregate import scan as scan_mod
+    from gather_aggregate.interventions import group_by_layer
+
+    if isinstance(model, (str, Path)):
+        from gather_aggregate.loading import load_model
+
+        model = load_model(str(model))
+    loader = model_loader(model)
+    tokens, heads = scan_mod._prepare(model, tokens, heads)
+    meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
+            "model": scan_mod.model_fingerprint(model),
+            "task": scan_mod.task_fingerprint(tokens, metric, {"method": method, "per_position": per_position,
+                                                               "seed": seed}),
+            "complete": False}
+    rows: Rows = []
+    if out is not None and resume and Path(out).is_file():
+        rows = scan_mod._load_resume(Path(out), meta)
+    done = {(r["layer"], r["head"]) for r in rows}
+    per_fwd = max(1, (max_rows or scan_mod.default_max_rows(model)) // tokens.shape[0])
+    todo = [(la, h) for la, hs in group_by_layer([hd for hd in heads if hd not in done]).items() for h in hs]
+    n_shards = max(1, num_workers * shards_per_worker)
+    size = per_fwd * max(1, -(-len(todo) // (n_shards * per_fwd)))  # whole stacked forwards per shard
+    kw = {"tokens": tokens.cpu(), "metric": metric, "method": method, "reference": reference,
+          "per_position": per_position, "seed": seed, "max_rows": max_rows}
+    shards = []
+    for la, hs in group_by_layer(todo).items():
+        for start in range(0, len(hs), size):
+            shards.append(([(la, h) for h in hs[start:start + size]], kw))
+    def on_shard(new: Rows) -> None:  # the finished shard's rows join exact_scan's table, written at once
+        rows.extend(new)
+        if out is not None:
+            scan_mod.ScanResult(rows, {**meta, "metric_clean": _clean_of(rows)}).ranked().save(out)
+
+    run_sharded(loader, _scan_shard, shards, key=lambda s: ",".join(f"{a}.{b}" for a, b in s[0]),
+                address=address, num_workers=num_workers, threads=threads, meta=meta, on_shard=on_shard)
+    meta.update(complete=True, metric_clean=_clean_of(rows))
+    result = scan_mod.ScanResult(rows, meta).ranked()
+    if out is not None:
+        result.save(out)
+    return result
+
+
+def _clean_of(rows: Rows) -> float | None:
+    return float(rows[0]["metric_clean"]) if rows else None
+
+
+# ---- ablation sweeps --------------------------------------------------------------------------------------
+def _sweep_shard(model: Any, shard: tuple[int, list[list[tuple[int, int]]], dict[str, Any]]) -> Rows:
+    import torch
+
+    from gather_aggregate.interventions import run_ablated
+    from gather_aggregate.scan import _check_metric
+
+    start, sets, kw = shard
+    tokens, metric = kw["tokens"], kw["metric"]
+    with torch.no_grad():
+        clean = _check_metric(metric(model(tokens)), "clean run")
+        rows = []
+        for j, hs in enumerate(sets):
+            m = _check_metric(metric(run_ablated(model, tokens, [tuple(h) for h in hs], kw["method"],
+                                                 kw["reference"], per_position=kw["per_position"],
+                                                 seed=kw["seed"])), f"head set {start + j}")
+            rows.append({"set": start + j, "heads": ",".join(f"{a}.{b}" for a, b in hs), "n_heads": len(hs),
+                         "metric_clean": clean, "metric_ablated": m, "drop": clean - m})
+    return rows
+
+
+def ablation_sweep(model: Any, tokens: Any, metric: Any, head_sets: Sequence[Sequence[tuple[int, int]]],
+                   method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
+                   out: str | Path | None = None, resume: bool = False, ray_address: str | None = None,
+                   ray: bool = False, num_workers: int = 2, shard_size: int = 4) -> Rows:
+    """The metric drop of ablating each head set together, one row per set (``set``, ``heads``, ``drop``).
+
+    In this process by default; with ``ray=True`` (a local cluster) or ``ray_address=`` sharded over Ray
+    workers, ``shard_size`` sets per shard.  ``out``/``resume`` as in :func:`run_sharded`.
+    """
+    from gather_aggregate.scan import task_fingerprint
+
+    if isinstance(model, (str, Path)):
+        from gather_aggregate.loading import load_model
+
+        model = load_model(str(model))
+    tokens = model.validate_tokens(tokens)
+    sets = [model.check_head_set(hs) for hs in head_sets]
+    if not sets:
+        raise InputError("no head sets to ablate; pass a list of [(layer, head), ...] lists")
+    kw = {"tokens": tokens.cpu(), "metric": metric, "method": method, "reference": reference,
+          "per_position": per_position, "seed": seed}
+    shards = [(s, sets[s:s + shard_size], kw) for s in range(0, len(sets), shard_size)]
+    from gather_aggregate.scan import model_fingerprint
+
+    meta = {"mode": "ablation_sweep", "method": method, "model": model_fingerprint(model),
+            "task": task_fingerprint(tokens, metric, {"sets": [[list(h) for h in hs] for hs in sets]})}
+    if not ray and ray_address is None:
+        rows: Rows = []
+        for sh in shards:
+            rows += _sweep_shard(model, sh)
+        if out is not None:
+            write_table(rows, out, {**meta, "done_shards": [str(s[0]) for s in shards], "complete": True})
+        return rows
+    return run_sharded(model_loader(model), _sweep_shard, shards, key=lambda s: str(s[0]), address=ray_address,
+                       num_workers=num_workers, out=out, meta=meta, resume=resume)
