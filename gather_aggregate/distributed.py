@@ -4,7 +4,10 @@ Ray is an optional extra (``pip install "gather-aggregate[ray]"``) and is
 imported only when a job runs.  The one engine is :func:`run_sharded`:
 
 * ``num_workers`` Ray actors each call ``load()`` **once** (load a model) and
-  then run ``run(state, shard) -> rows`` for one shard after another;
+  then run ``run(state, shard) -> rows`` for one shard after another; they
+  stay in a pool, so the next job with the same loader reuses them, model
+  loaded (a job with another loader, or :func:`shutdown_workers`, releases
+  them);
 * the driver writes the rows of every finished shard into one table
   (JSON + CSV, atomically, :func:`gather_aggregate.io.write_table`) and records
   the finished shards' keys in its ``meta``, so an interrupted job resumes
@@ -82,28 +85,65 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> Any:
 
 
 class _Worker:
-    """One Ray actor: ``load()`` once, then ``run(state, shard)`` per shard."""
+    """One Ray actor: ``load()`` once, then ``run(state, shard)`` for shard after shard (of any job)."""
 
-    def __init__(self, load: Callable[[], Any], run: Callable[[Any, Any], Rows], threads: int) -> None:
+    def __init__(self, load: Callable[[], Any], threads: int) -> None:
         import os
+        import sys
 
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        try:
-            import torch
-
-            torch.set_num_threads(threads)
-        except ImportError:  # pragma: no cover - a job without torch
-            pass
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch when load() imports it
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
         self.state = load()
-        self.fn = run
 
-    def run(self, index: int, shard: Any) -> tuple[int, Rows]:
-        return index, list(self.fn(self.state, shard))
+    def run(self, fn: Callable[[Any, Any], Rows], index: int, shard: Any) -> tuple[int, Rows]:
+        return index, list(fn(self.state, shard))
 
-    def pid(self) -> int:
-        import os
 
-        return os.getpid()
+#: live workers of the last loader, per (Ray session, loader, threads): the next job on the same model reuses
+#: them, model loaded
+_POOLS: dict[tuple[str, bytes, int], list[Any]] = {}
+
+
+def _pool_key(ray: Any, load: Callable[[], Any], threads: int) -> tuple[str, bytes, int]:
+    import hashlib
+
+    session = str(ray.get_runtime_context().gcs_address)
+    return session, hashlib.sha256(ray.cloudpickle.dumps(load)).digest(), threads
+
+
+def _workers(ray: Any, load: Callable[[], Any], threads: int, n: int) -> list[Any]:
+    """``n`` workers that have run ``load()``: the pool's live ones first, new ones for the rest.  Workers
+    pooled for another loader are released first: they hold CPUs the new ones need."""
+    key = _pool_key(ray, load, threads)
+    for other in [k for k in _POOLS if k != key]:
+        for w in _POOLS.pop(other):
+            if other[0] == key[0]:
+                ray.kill(w, no_restart=True)
+    pool = _POOLS.setdefault(key, [])
+    actor_cls = ray.remote(num_cpus=threads, max_restarts=0)(_Worker)
+    while len(pool) < n:
+        pool.append(actor_cls.remote(load, threads))
+    return pool[:n]
+
+
+def _replace(ray: Any, load: Callable[[], Any], threads: int, dead: Any) -> Any:
+    pool = _POOLS.setdefault(_pool_key(ray, load, threads), [])
+    if dead in pool:
+        pool.remove(dead)
+    new = ray.remote(num_cpus=threads, max_restarts=0)(_Worker).remote(load, threads)
+    pool.append(new)
+    return new
+
+
+def shutdown_workers() -> None:
+    """Release every pooled worker (and the models they hold)."""
+    ray = _ray()
+    for pool in _POOLS.values():
+        for w in pool:
+            if ray.is_initialized():
+                ray.kill(w, no_restart=True)
+    _POOLS.clear()
 
 
 def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards: Sequence[Any], *,
@@ -140,43 +180,36 @@ def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards
 
     if todo:
         ray = connect(address, num_cpus=None if address is not None else num_workers * threads)
-        actor_cls = ray.remote(num_cpus=threads, max_restarts=0)(_Worker)
-        workers = [actor_cls.remote(load, run, threads) for _ in range(min(num_workers, len(todo)))]
-        actors = list(workers)
+        workers = _workers(ray, load, threads, min(num_workers, len(todo)))
         queue, tries = list(todo), dict.fromkeys(todo, 0)
         running: dict[Any, tuple[int, Any]] = {}
 
         def submit(w: Any) -> None:
             i = queue.pop(0)
             tries[i] += 1
-            running[w.run.remote(i, shards[i])] = (i, w)
+            running[w.run.remote(run, i, shards[i])] = (i, w)
 
         for w in workers:
             if queue:
                 submit(w)
-        try:
-            while running:
-                ready, _ = ray.wait(list(running), num_returns=1)
-                i, w = running.pop(ready[0])
-                try:
-                    _, rows = ray.get(ready[0])
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-                    if tries[i] > max_retries:
-                        raise RuntimeError(f"shard {keys[i]!r} lost its worker {tries[i]} times; giving up "
-                                           f"({type(exc).__name__})") from None
-                    queue.insert(0, i)  # re-run it first, on a fresh worker
-                    w = actor_cls.remote(load, run, threads)
-                    actors.append(w)
-                else:
-                    results[i] = rows
-                    save()
-                    if on_shard is not None:
-                        on_shard(rows)
-                if queue:
-                    submit(w)
-        finally:
-            for w in actors:
-                ray.kill(w, no_restart=True)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            i, w = running.pop(ready[0])
+            try:
+                _, rows = ray.get(ready[0])
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+                if tries[i] > max_retries:
+                    raise RuntimeError(f"shard {keys[i]!r} lost its worker {tries[i]} times; giving up "
+                                       f"({type(exc).__name__})") from None
+                queue.insert(0, i)  # re-run it first, on a fresh worker
+                w = _replace(ray, load, threads, w)
+            else:
+                results[i] = rows
+                save()
+                if on_shard is not None:
+                    on_shard(rows)
+            if queue:
+                submit(w)
     save()
     return prior + [r for i in sorted(results) for r in results[i]]
 
