@@ -13,13 +13,14 @@ linear term of that path, ``⟨∂M/∂A_l, J_{A_l} Δr_h⟩``, can be near zero
 the change of the pattern is not.  AtP* replaces it by the exact pattern
 change on the direct path:
 
-    ĉ*(h) = ĉ(h) - Σ_{l > layer(h)} ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l) - J_{A_l} Δr_h⟩
+    ĉ*(h) = ĉ(h) - Σ_{l > layer(h)} [⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂M/∂A_l, Δr_h⟩]
 
 where ``A_l(r)`` is layer ``l``'s attention pattern recomputed from its input
 ``r`` (the model's own forward from ``start_at_layer=l``, stopped at
-``blocks.l.attn.hook_pattern``) and ``J_{A_l} Δr_h`` its forward-mode
-derivative (``torch.autograd.forward_ad``).  The recomputations of many heads
-run as stacked copies of the batch.  SSM layers have no softmax to saturate:
+``blocks.l.attn.hook_pattern``).  The linear term needs one backward per
+layer for all heads (``J_{A_l}ᵀ ∂M/∂A_l``); the exact one a recomputation of
+the layer's queries, keys and softmax per head, many heads as stacked copies
+of the batch.  SSM layers have no softmax to saturate:
 their implied attention ``C_t·B_s Δ_s exp(Σ Δ A)`` is not normalised, so the
 QK fix has no SSM analogue there and their path stays linear (what saturates
 in an SSM, the softplus of ``Δ`` and the gates, is smooth and not confined to a
@@ -58,50 +59,45 @@ def _pattern_hook(model: Any, layer: int) -> str | None:
     return name if model.layers[layer].kind == "attn" and name in hook_dict else None
 
 
-def pattern_from_resid(model: Any, layer: int, resid: Tensor, tangent: Tensor | None = None
-                       ) -> tuple[Tensor, Tensor | None]:
-    """Layer ``layer``'s attention pattern recomputed from its input ``resid`` (and, with ``tangent``, its
-    forward-mode derivative in that direction)."""
+def pattern_from_resid(model: Any, layer: int, resid: Tensor, *, grad: bool = False) -> Tensor:
+    """Layer ``layer``'s attention pattern recomputed from its input ``resid`` (differentiable with
+    ``grad=True``)."""
     name = _pattern_hook(model, layer)
-    got: dict[str, Any] = {}
+    got: dict[str, Tensor] = {}
 
     def grab(x: Tensor, hook: Any) -> None:
-        if tangent is None:
-            got["p"] = x.detach()
-        else:
-            import torch.autograd.forward_ad as fwAD
-
-            primal, t = fwAD.unpack_dual(x)
-            got["p"], got["t"] = primal.detach(), None if t is None else t.detach()
+        got["p"] = x if grad else x.detach()
         raise _Stop
 
-    def run(x: Tensor) -> None:
+    with torch.set_grad_enabled(grad):
         try:
             with model.hooks(fwd_hooks=[(name, grab)]):
-                model(x, start_at_layer=layer)
+                model(resid, start_at_layer=layer)
         except _Stop:
             pass
-
-    with torch.no_grad():
-        if tangent is None:
-            run(resid)
-        else:
-            import torch.autograd.forward_ad as fwAD
-
-            with fwAD.dual_level():
-                run(fwAD.make_dual(resid, tangent))
     if "p" not in got:
         raise RuntimeError(f"the forward from layer {layer} never reached {name!r}")
-    t = got.get("t")
-    return got["p"], (torch.zeros_like(got["p"]) if tangent is not None and t is None else t)
+    return got["p"]
+
+
+def pattern_vjp(model: Any, layer: int, resid: Tensor, grad_a: Tensor) -> Tensor:
+    """``J_{A}(r)ᵀ ∂M/∂A``: the gradient at the layer's input that flows through its pattern alone, so that the
+    linear QK term of any residual change ``Δr`` is ``⟨pattern_vjp, Δr⟩`` (one backward for every head)."""
+    r = resid.detach().requires_grad_(True)
+    with torch.enable_grad():
+        a = pattern_from_resid(model, layer, r, grad=True)
+        (g,) = torch.autograd.grad((a * grad_a).sum(), [r])
+    return g
 
 
 def qk_corrections(model: Any, resid: dict[int, Tensor], patterns: dict[int, Tensor], grad_a: dict[int, Tensor],
                    steps: dict[int, Tensor], by_layer: dict[int, list[int]], max_rows: int = 32) -> dict[Head, float]:
-    """Per scanned head: ``Σ_l ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l) - J Δr_h⟩`` over the attention layers above it
-    (the nonlinear part of the direct QK path; added to the estimated metric change)."""
+    """Per scanned head: ``Σ_l ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂M/∂A_l, Δr_h⟩`` over the
+    attention layers above it (the nonlinear part of the direct QK path; added to the estimated metric change)."""
     out: dict[Head, float] = {}
-    attn_layers = [la for la in grad_a]
+    attn_layers = list(grad_a)
+    vjp = {la: pattern_vjp(model, la, resid[la], grad_a[la]) for la in attn_layers
+           if any(la > layer for layer in by_layer)}
     for layer, hs in by_layer.items():
         spec = model.mixer_resume(layer)
         above = [la for la in attn_layers if la > layer]
@@ -121,11 +117,11 @@ def qk_corrections(model: Any, resid: dict[int, Tensor], patterns: dict[int, Ten
             for la in above:
                 r = resid[la].repeat(len(chunk), 1, 1)
                 dr_ = dr.to(r.dtype)
-                a_new, _ = pattern_from_resid(model, la, r + dr_)
-                _, lin = pattern_from_resid(model, la, r, dr_)
+                a_new = pattern_from_resid(model, la, r + dr_)
                 a0 = patterns[la].repeat(len(chunk), *([1] * (patterns[la].dim() - 1)))
-                extra = (a_new - a0 - lin).nan_to_num(0.0) * grad_a[la].repeat(len(chunk), 1, 1, 1)
-                per_copy = extra.double().reshape(len(chunk), -1).sum(1)
+                exact = ((a_new - a0).nan_to_num(0.0) * grad_a[la].repeat(len(chunk), 1, 1, 1)).double()
+                lin = (dr_ * vjp[la].repeat(len(chunk), 1, 1)).double()
+                per_copy = exact.reshape(len(chunk), -1).sum(1) - lin.reshape(len(chunk), -1).sum(1)
                 for i, h in enumerate(chunk):
                     out[(layer, h)] += float(per_copy[i])
     return out

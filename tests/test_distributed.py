@@ -77,6 +77,15 @@ def test_ray_exact_scan_equals_one_process_even_when_a_worker_is_killed(cluster,
     assert exact_scan(model, tokens, metric, out=out, resume=True, progress=False).scores() == single.scores()
 
 
+def test_ablation_sweep_on_ray_equals_one_process(cluster, task, tmp_path):
+    model, tokens, metric = task
+    sets = [[(0, 0)], [(0, 1), (1, 0)], [(1, 1)], [(0, 0), (0, 1)], [(1, 0)]]
+    local = ablation_sweep(model, tokens, metric, sets)
+    sharded = ablation_sweep(model, tokens, metric, sets, ray=True, shard_size=2, out=tmp_path / "sweep.json")
+    assert [(r["heads"], r["drop"]) for r in sharded] == [(r["heads"], r["drop"]) for r in local]
+    assert len(json.loads((tmp_path / "sweep.json").read_text())["rows"]) == len(sets)
+
+
 def test_run_sharded_reruns_a_killed_shard_once_and_resumes(cluster, tmp_path):
     marker = tmp_path / "armed"
     marker.write_text("")
@@ -109,15 +118,6 @@ def test_run_sharded_reruns_a_killed_shard_once_and_resumes(cluster, tmp_path):
     assert [r["shard"] for r in resumed] == list(range(6))
     with pytest.raises(errors.ResumeMismatchError, match="job"):
         run_sharded(load, run, list(range(6)), out=out, meta={"job": "other"}, resume=True)
-
-
-def test_ablation_sweep_on_ray_equals_one_process(cluster, task, tmp_path):
-    model, tokens, metric = task
-    sets = [[(0, 0)], [(0, 1), (1, 0)], [(1, 1)], [(0, 0), (0, 1)], [(1, 0)]]
-    local = ablation_sweep(model, tokens, metric, sets)
-    sharded = ablation_sweep(model, tokens, metric, sets, ray=True, shard_size=2, out=tmp_path / "sweep.json")
-    assert [(r["heads"], r["drop"]) for r in sharded] == [(r["heads"], r["drop"]) for r in local]
-    assert len(json.loads((tmp_path / "sweep.json").read_text())["rows"]) == len(sets)
 
 
 def test_unreachable_cluster_is_a_clear_error(task):
