@@ -44,14 +44,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.protocol import Head
+from gather_aggregate.attribution_paths import _estimates, path_gradients
+from gather_aggregate.protocol import Head, HookedModel
 
 
 class _Stop(Exception):
     """Raised by a hook once the pattern of interest is in."""
 
 
-def _pattern_hook(model: Any, layer: int) -> str | None:
+def _pattern_hook(model: HookedModel, layer: int) -> str | None:
     name = f"blocks.{layer}.attn.hook_pattern"
     hook_dict = getattr(model, "hook_dict", None)
     if hook_dict is None:
@@ -59,7 +60,7 @@ def _pattern_hook(model: Any, layer: int) -> str | None:
     return name if model.layers[layer].kind == "attn" and name in hook_dict else None
 
 
-def pattern_from_resid(model: Any, layer: int, resid: Tensor, *, grad: bool = False) -> Tensor:
+def pattern_from_resid(model: HookedModel, layer: int, resid: Tensor, *, grad: bool = False) -> Tensor:
     """Layer ``layer``'s attention pattern recomputed from its input ``resid`` (differentiable with
     ``grad=True``)."""
     name = _pattern_hook(model, layer)
@@ -80,7 +81,7 @@ def pattern_from_resid(model: Any, layer: int, resid: Tensor, *, grad: bool = Fa
     return got["p"]
 
 
-def pattern_vjp(model: Any, layer: int, resid: Tensor, grad_a: Tensor) -> Tensor:
+def pattern_vjp(model: HookedModel, layer: int, resid: Tensor, grad_a: Tensor) -> Tensor:
     """``J_{A}(r)ᵀ ∂M/∂A``: the gradient at the layer's input that flows through its pattern alone, so that the
     linear QK term of any residual change ``Δr`` is ``⟨pattern_vjp, Δr⟩`` (one backward for every head)."""
     r = resid.detach().requires_grad_(True)
@@ -90,7 +91,7 @@ def pattern_vjp(model: Any, layer: int, resid: Tensor, grad_a: Tensor) -> Tensor
     return g
 
 
-def qk_corrections(model: Any, resid: dict[int, Tensor], patterns: dict[int, Tensor], grad_a: dict[int, Tensor],
+def qk_corrections(model: HookedModel, resid: dict[int, Tensor], patterns: dict[int, Tensor], grad_a: dict[int, Tensor],
                    steps: dict[int, Tensor], by_layer: dict[int, list[int]], max_rows: int = 32) -> dict[Head, float]:
     """Per scanned head: ``Σ_l ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂M/∂A_l, Δr_h⟩`` over the
     attention layers above it (the nonlinear part of the direct QK path; added to the estimated metric change)."""
@@ -127,7 +128,7 @@ def qk_corrections(model: Any, resid: dict[int, Tensor], patterns: dict[int, Ten
     return out
 
 
-def graddrop_terms(model: Any, tokens: Tensor, metric: Callable, targets: dict[int, tuple[Tensor, Tensor]]
+def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets: dict[int, tuple[Tensor, Tensor]]
                    ) -> dict[int, Tensor]:
     """Per scanned layer: ``[L, batch, pos, head, d_head]``, the AtP terms ``Δ ⊙ g_l`` with the gradient through
     layer ``l``'s block dropped, one stacked copy of the batch per ``l``."""
@@ -181,11 +182,9 @@ def graddrop_terms(model: Any, tokens: Tensor, metric: Callable, targets: dict[i
     return out
 
 
-def atp_star(model: Any, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
+def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
              targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True) -> tuple[float, dict[Head, float], dict]:
     """``(metric_clean, estimated drop per head, meta)`` of AtP* (see the module docstring)."""
-    from gather_aggregate.attribution import _estimates, path_gradients
-
     attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
             and any(la > layer for layer in by_layer)]
     probes: dict[int, Tensor] = {}

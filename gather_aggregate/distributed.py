@@ -16,11 +16,11 @@ imported only when a job runs.  The one engine is :func:`run_sharded`:
   fresh worker; its rows enter the table only once, when a run of it
   finishes, so nothing is lost or counted twice.
 
-:func:`exact_scan_ray` shards an exact head scan by heads (aligned to the
-stacked forwards of :func:`gather_aggregate.scan.exact_scan`, so the numbers
-are those of one process, bit for bit) and writes the table ``exact_scan``
-writes (either resumes the other's file).  :func:`ablation_sweep` scores a
-list of head sets, one process or sharded.
+Jobs built on it: :func:`gather_aggregate.scan.exact_scan_ray` (behind
+``exact_scan(..., ray=True)``) shards an exact head scan by heads, aligned to
+its stacked forwards so the numbers are those of one process, bit for bit, and
+writes the table ``exact_scan`` writes (either resumes the other's file);
+:func:`gather_aggregate.experiments.ablation_sweep` scores a list of head sets.
 
 ``address``: ``None`` starts (or reuses) a local Ray cluster; ``"auto"`` or
 ``"host:port"`` / ``"ray://host:port"`` joins a running one.  An address that
@@ -65,8 +65,7 @@ def _check_reachable(address: str, timeout: float = 3.0) -> None:
 
 def connect(address: str | None = None, num_cpus: int | None = None) -> Any:
     """The ``ray`` module, initialised: reuse a running session, join ``address``, or start a local cluster."""
-    remote = address is not None and address not in ("local", "auto")
-    if remote:
+    if address is not None and address not in ("local", "auto"):
         _check_reachable(address)
     ray = _ray()
     if ray.is_initialized():
@@ -166,7 +165,7 @@ def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards
     keys = [key(s) for s in shards]
     if len(set(keys)) != len(keys):
         raise InputError("two shards have the same key; give every shard a distinct key (key=...)")
-    prior, done = list(prior_rows or []), set()
+    prior, done = list(prior_rows or []), set[str]()
     if out is not None and resume and Path(out).is_file():
         prior, done = _resume_rows(Path(out), meta)
     todo = [i for i, k in enumerate(keys) if k not in done]
@@ -247,125 +246,3 @@ def model_loader(model: Any) -> Callable[[], Any]:
                          "or a picklable loader function")
     path, kwargs = spec
     return functools.partial(load_model, path, **kwargs)
-
-
-def _scan_shard(model: Any, shard: tuple[list[tuple[int, int]], dict[str, Any]]) -> Rows:
-    from gather_aggregate.scan import exact_scan
-
-    heads, kw = shard
-    return exact_scan(model, heads=heads, progress=False, **kw).rows
-
-
-def exact_scan_ray(model: Any, tokens: Any, metric: Any, heads: Sequence[tuple[int, int]] | None = None,
-                   method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
-                   max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
-                   address: str | None = None, num_workers: int = 2, threads: int = 1,
-                   shards_per_worker: int = 4) -> Any:
-    """:func:`~gather_aggregate.scan.exact_scan` with its heads partitioned across Ray workers.
-
-    ``model`` must be loadable in a worker (:func:`model_loader`); the driver uses it for the head list and the
-    table's fingerprints.  Each shard is a run of whole stacked forwards of one layer, so every number equals
-    the single-process scan's.  The table (``out``) is exact_scan's: either resumes the other's file.
-    """
-    from gather_aggregate import scan as scan_mod
-    from gather_aggregate.interventions import group_by_layer
-
-    if isinstance(model, (str, Path)):
-        from gather_aggregate.loading import load_model
-
-        model = load_model(str(model))
-    loader = model_loader(model)
-    tokens, heads = scan_mod._prepare(model, tokens, heads)
-    meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
-            "model": scan_mod.model_fingerprint(model),
-            "task": scan_mod.task_fingerprint(tokens, metric, {"method": method, "per_position": per_position,
-                                                               "seed": seed}),
-            "complete": False}
-    rows: Rows = []
-    if out is not None and resume and Path(out).is_file():
-        rows = scan_mod._load_resume(Path(out), meta)
-    done = {(r["layer"], r["head"]) for r in rows}
-    per_fwd = max(1, (max_rows or scan_mod.default_max_rows(model)) // tokens.shape[0])
-    todo = [(la, h) for la, hs in group_by_layer([hd for hd in heads if hd not in done]).items() for h in hs]
-    n_shards = max(1, num_workers * shards_per_worker)
-    size = per_fwd * max(1, -(-len(todo) // (n_shards * per_fwd)))  # whole stacked forwards per shard
-    kw = {"tokens": tokens.cpu(), "metric": metric, "method": method, "reference": reference,
-          "per_position": per_position, "seed": seed, "max_rows": max_rows}
-    shards = []
-    for la, hs in group_by_layer(todo).items():
-        for start in range(0, len(hs), size):
-            shards.append(([(la, h) for h in hs[start:start + size]], kw))
-    def on_shard(new: Rows) -> None:  # the finished shard's rows join exact_scan's table, written at once
-        rows.extend(new)
-        if out is not None:
-            scan_mod.ScanResult(rows, {**meta, "metric_clean": _clean_of(rows)}).ranked().save(out)
-
-    run_sharded(loader, _scan_shard, shards, key=lambda s: ",".join(f"{a}.{b}" for a, b in s[0]),
-                address=address, num_workers=num_workers, threads=threads, meta=meta, on_shard=on_shard)
-    meta.update(complete=True, metric_clean=_clean_of(rows))
-    result = scan_mod.ScanResult(rows, meta).ranked()
-    if out is not None:
-        result.save(out)
-    return result
-
-
-def _clean_of(rows: Rows) -> float | None:
-    return float(rows[0]["metric_clean"]) if rows else None
-
-
-# ---- ablation sweeps --------------------------------------------------------------------------------------
-def _sweep_shard(model: Any, shard: tuple[int, list[list[tuple[int, int]]], dict[str, Any]]) -> Rows:
-    import torch
-
-    from gather_aggregate.interventions import run_ablated
-    from gather_aggregate.scan import _check_metric
-
-    start, sets, kw = shard
-    tokens, metric = kw["tokens"], kw["metric"]
-    with torch.no_grad():
-        clean = _check_metric(metric(model(tokens)), "clean run")
-        rows = []
-        for j, hs in enumerate(sets):
-            m = _check_metric(metric(run_ablated(model, tokens, [tuple(h) for h in hs], kw["method"],
-                                                 kw["reference"], per_position=kw["per_position"],
-                                                 seed=kw["seed"])), f"head set {start + j}")
-            rows.append({"set": start + j, "heads": ",".join(f"{a}.{b}" for a, b in hs), "n_heads": len(hs),
-                         "metric_clean": clean, "metric_ablated": m, "drop": clean - m})
-    return rows
-
-
-def ablation_sweep(model: Any, tokens: Any, metric: Any, head_sets: Sequence[Sequence[tuple[int, int]]],
-                   method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
-                   out: str | Path | None = None, resume: bool = False, ray_address: str | None = None,
-                   ray: bool = False, num_workers: int = 2, shard_size: int = 4) -> Rows:
-    """The metric drop of ablating each head set together, one row per set (``set``, ``heads``, ``drop``).
-
-    In this process by default; with ``ray=True`` (a local cluster) or ``ray_address=`` sharded over Ray
-    workers, ``shard_size`` sets per shard.  ``out``/``resume`` as in :func:`run_sharded`.
-    """
-    from gather_aggregate.scan import task_fingerprint
-
-    if isinstance(model, (str, Path)):
-        from gather_aggregate.loading import load_model
-
-        model = load_model(str(model))
-    tokens = model.validate_tokens(tokens)
-    sets = [model.check_head_set(hs) for hs in head_sets]
-    if not sets:
-        raise InputError("no head sets to ablate; pass a list of [(layer, head), ...] lists")
-    kw = {"tokens": tokens.cpu(), "metric": metric, "method": method, "reference": reference,
-          "per_position": per_position, "seed": seed}
-    shards = [(s, sets[s:s + shard_size], kw) for s in range(0, len(sets), shard_size)]
-    from gather_aggregate.scan import model_fingerprint
-
-    meta = {"mode": "ablation_sweep", "method": method, "model": model_fingerprint(model),
-            "task": task_fingerprint(tokens, metric, {"sets": [[list(h) for h in hs] for hs in sets]})}
-    if not ray and ray_address is None:
-        rows: Rows = []
-        for sh in shards:
-            rows += _sweep_shard(model, sh)
-        if out is not None:
-            write_table(rows, out, {**meta, "done_shards": [str(s[0]) for s in shards], "complete": True})
-        return rows
-    return run_sharded(model_loader(model), _sweep_shard, shards, key=lambda s: str(s[0]), address=ray_address,
-                       num_workers=num_workers, out=out, meta=meta, resume=resume)

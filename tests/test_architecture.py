@@ -23,8 +23,8 @@ MAX_LINES = 500
 LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("_lazy", "errors", "io", "protocol", "readout", "metrics"),
     "tasks/models": ("tasks", "adapters", "loading", "bridge", "zoo", "testing"),
-    "interventions": ("interventions", "layer_resume"),
-    "analysis": ("scan", "patching", "detect", "experiments", "claims"),
+    "interventions": ("interventions", "layer_resume", "distributed"),
+    "analysis": ("scan", "patching", "attribution_paths", "attribution_star", "attribution", "detect", "experiments", "claims"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training"),
 }
 

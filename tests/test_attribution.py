@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gather_aggregate import errors
-from gather_aggregate.attribution import _targets, attribution_scan
+from gather_aggregate.attribution import attribution_scan
+from gather_aggregate.attribution_paths import _targets
 from gather_aggregate.attribution_star import graddrop_terms, pattern_from_resid, pattern_vjp
 from gather_aggregate.interventions import group_by_layer, head_outputs, make_replacement
 from gather_aggregate.protocol import count_hooks, param_checksum

@@ -18,7 +18,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 from gather_aggregate import errors  # noqa: E402
-from gather_aggregate.distributed import ablation_sweep, connect, run_sharded  # noqa: E402
+from gather_aggregate.distributed import connect, run_sharded  # noqa: E402
+from gather_aggregate.experiments import ablation_sweep  # noqa: E402
 from gather_aggregate.scan import exact_scan  # noqa: E402
 
 
