@@ -183,3 +183,16 @@ def test_wrong_metric_types_and_arguments_are_clear_errors(llama):
         attribution_scan(model, tokens, metric, estimator="ig", steps=0)
     with pytest.raises(errors.InputError, match="verify"):
         attribution_scan(model, tokens, metric, verify=-1)
+
+
+@pytest.mark.parametrize("mode", ["atp*", "ig"])
+def test_cli_scan_modes_write_the_table(mode, tiny_llama_dir, tmp_path):
+    import json
+
+    from gather_aggregate.cli import main
+
+    args = ["scan", "--model", str(tiny_llama_dir), "--task", "kv", "--n", "4", "--dict-size", "4",
+            "--out", str(tmp_path), "--mode", mode]
+    assert main(args) == 0
+    saved = json.loads((tmp_path / "scan.json").read_text())
+    assert saved["meta"]["mode"] == mode and len(saved["rows"]) == 8

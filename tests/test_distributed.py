@@ -121,12 +121,20 @@ def test_run_sharded_reruns_a_killed_shard_once_and_resumes(cluster, tmp_path):
         run_sharded(load, run, list(range(6)), out=out, meta={"job": "other"}, resume=True)
 
 
-def test_unreachable_cluster_is_a_clear_error(task):
+def test_unreachable_cluster_is_a_clear_error(task, tiny_llama_dir, tmp_path, capsys):
+    from gather_aggregate.cli import main
+
     model, tokens, metric = task
     with pytest.raises(errors.ClusterUnreachableError, match="ray start --head"):
         exact_scan(model, tokens, metric, progress=False, ray_address="127.0.0.1:1")
     with pytest.raises(errors.InputError, match="Ray address"):
         connect("not-an-address")
+    args = ["scan", "--model", str(tiny_llama_dir), "--task", "kv", "--n", "4", "--dict-size", "4",
+            "--out", str(tmp_path), "--ray", "127.0.0.1:1"]
+    assert main(args) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (above it: the loader's progress bar)
+    assert last.startswith("gather-aggregate scan: error: no Ray cluster answers at '127.0.0.1:1'")
+    assert "ray start --head" in last
 
 
 def test_ray_is_imported_lazily():
