@@ -78,14 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     targets = [(m, None) for m in (args.models if args.models is not None else list(list_zoo()))]
     if args.deep:
         targets += [deep_random_dir(arch, args.deep, args.deep_heads) for arch in ("llama", "mamba2")]
-    rows = [bench(name, path, args.n, args.metric, args.steps, args.repeats) for name, path in targets]
-    labels = list(rows[0]["methods"]) if rows else []
-    print("| model | heads | prompts | exact (s) | " + " | ".join(f"{lab}: ρ / top-5 / time÷exact" for lab in labels) + " |")
-    print("|---|---|---|---|" + "---|" * len(labels))
-    for r in rows:
+    header = False
+    for name, path in targets:  # each row printed as soon as it is measured
+        r = bench(name, path, args.n, args.metric, args.steps, args.repeats)
+        if not header:
+            labels = list(r["methods"])
+            print("| model | heads | prompts | exact (s) | "
+                  + " | ".join(f"{lab}: ρ / top-5 / time÷exact" for lab in labels) + " |")
+            print("|---|---|---|---|" + "---|" * len(labels))
+            header = True
         cells = [f"{rho:.2f} / {top}/5 / {frac:.2f}" for rho, top, frac in r["methods"].values()]
         print(f"| {r['model']} | {r['heads']} | {r['prompts'][0]}×{r['prompts'][1]} | {r['exact_s']:.2f} | "
-              + " | ".join(cells) + " |")
+              + " | ".join(cells) + " |", flush=True)
     return 0
 
 
