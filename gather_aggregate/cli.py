@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--steps", type=int, default=None, help="training steps")
             p.add_argument("--threads", type=int, default=1, help="torch threads")
         if name == "scan":
-            p.add_argument("--mode", choices=["exact", "atp"], default="exact", help="exact ablation scan or AtP")
+            p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig"], default="exact",
+                           help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients")
+            p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                           help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")
+            p.add_argument("--workers", type=int, default=2, help="Ray workers (with --ray)")
             p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero")
             p.add_argument("--resume", action="store_true", help="resume an interrupted scan from --out")
         if name == "ablate":

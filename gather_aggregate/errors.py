@@ -55,3 +55,7 @@ class NonFiniteError(GAError, FloatingPointError):
 
 class ResumeMismatchError(GAError, ValueError):
     """A resume file belongs to a different model, task or configuration."""
+
+
+class ClusterUnreachableError(GAError, ConnectionError):
+    """A distributed job could not reach its cluster (e.g. no Ray head at the given address)."""

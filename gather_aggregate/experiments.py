@@ -10,6 +10,7 @@ only for the duration of each evaluation.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError
@@ -130,3 +131,58 @@ def layer_pruning(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], *,
     else:
         raise InputError(f"mode must be 'from_end' or 'individual', got {mode!r}")
     return rows
+
+
+# ---- ablation sweeps, in this process or sharded over Ray workers -----------------------------------------
+def _sweep_shard(model: HookedModel, shard: tuple[int, list[list[tuple[int, int]]], dict[str, Any]]) -> list[dict[str, Any]]:
+    import torch
+
+    from gather_aggregate.interventions import run_ablated
+    from gather_aggregate.scan import _check_metric
+
+    start, sets, kw = shard
+    tokens, metric = kw["tokens"], kw["metric"]
+    with torch.no_grad():
+        clean = _check_metric(metric(model(tokens)), "clean run")
+        rows = []
+        for j, hs in enumerate(sets):
+            m = _check_metric(metric(run_ablated(model, tokens, [(int(h[0]), int(h[1])) for h in hs], kw["method"],
+                                                 kw["reference"], per_position=kw["per_position"],
+                                                 seed=kw["seed"])), f"head set {start + j}")
+            rows.append({"set": start + j, "heads": ",".join(f"{a}.{b}" for a, b in hs), "n_heads": len(hs),
+                         "metric_clean": clean, "metric_ablated": m, "drop": clean - m})
+    return rows
+
+
+def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, head_sets: Sequence[Sequence[tuple[int, int]]],
+                   method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
+                   out: str | Path | None = None, resume: bool = False, ray_address: str | None = None,
+                   ray: bool = False, num_workers: int = 2, shard_size: int = 4) -> list[dict[str, Any]]:
+    """The metric drop of ablating each head set together, one row per set (``set``, ``heads``, ``drop``).
+
+    In this process by default; with ``ray=True`` (a local cluster) or ``ray_address=`` sharded over Ray
+    workers, ``shard_size`` sets per shard.  ``out``/``resume`` as in :func:`run_sharded`.
+    """
+    from gather_aggregate.distributed import model_loader, run_sharded
+    from gather_aggregate.io import write_table
+    from gather_aggregate.scan import _as_model, model_fingerprint, task_fingerprint
+
+    model = _as_model(model)
+    tokens = model.validate_tokens(tokens)
+    sets = [model.check_head_set(hs) for hs in head_sets]
+    if not sets:
+        raise InputError("no head sets to ablate; pass a list of [(layer, head), ...] lists")
+    kw = {"tokens": tokens.cpu(), "metric": metric, "method": method, "reference": reference,
+          "per_position": per_position, "seed": seed}
+    shards = [(s, sets[s:s + shard_size], kw) for s in range(0, len(sets), shard_size)]
+    meta = {"mode": "ablation_sweep", "method": method, "model": model_fingerprint(model),
+            "task": task_fingerprint(tokens, metric, {"sets": [[list(h) for h in hs] for hs in sets]})}
+    if not ray and ray_address is None:
+        rows: list[dict[str, Any]] = []
+        for sh in shards:
+            rows += _sweep_shard(model, sh)
+        if out is not None:
+            write_table(rows, out, {**meta, "done_shards": [str(s[0]) for s in shards], "complete": True})
+        return rows
+    return run_sharded(model_loader(model), _sweep_shard, shards, key=lambda s: str(s[0]), address=ray_address,
+                       num_workers=num_workers, out=out, meta=meta, resume=resume)

@@ -124,6 +124,15 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
         tokenizer: use this tokenizer instead of the one saved with the model.
         **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
     """
+    model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, **kwargs)
+    # how to load it again, for workers of a distributed job (gather_aggregate.distributed.model_loader)
+    spec = {"device": device, "dtype": dtype, **kwargs, **({} if tokenizer is None else {"tokenizer": tokenizer})}
+    model.ga_load_spec = (str(name_or_path), spec)
+    return model
+
+
+def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None,
+                tokenizer: Any = None, **kwargs: Any) -> Any:
     if _is_mamba_ssm_checkpoint(name_or_path):  # original mamba-ssm layout: config.json has no model_type
         from gather_aggregate.adapters import load_ssm
 

@@ -165,7 +165,8 @@ def default_max_rows(model: HookedModel) -> int:
 def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
-               progress: bool = True) -> ScanResult:
+               progress: bool = True, ray: bool = False, ray_address: str | None = None,
+               num_workers: int = 2) -> ScanResult:
     """Exact ablation scores for ``heads`` (default: all), batched.
 
     ``max_rows`` bounds the stacked batch (copies x prompts) of one forward;
@@ -175,7 +176,14 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     With ``out`` the table is written (JSON + CSV, atomically) after every
     chunk; ``resume=True`` skips heads already in ``out`` after checking that
     it belongs to the same model, task and ablation.
+    With ``ray=True`` (a local Ray cluster) or ``ray_address="auto"`` / ``"host:port"`` the heads are
+    sharded across ``num_workers`` Ray workers that each load the model once
+    (:func:`exact_scan_ray`; same numbers, same table).
     """
+    if ray or ray_address is not None:
+        return exact_scan_ray(model, tokens, metric, heads, method, reference, per_position=per_position,
+                              seed=seed, max_rows=max_rows, out=out, resume=resume, address=ray_address,
+                              num_workers=num_workers)
     tokens, heads = _prepare(model, tokens, heads)
     batch = tokens.shape[0]
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
@@ -220,6 +228,72 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     if out is not None:
         result.save(out)
     return result
+
+
+# ---- the exact scan sharded over Ray workers (gather_aggregate.distributed) -------------------------------
+def _as_model(model: HookedModel | str | Path) -> HookedModel:
+    if isinstance(model, (str, Path)):
+        from gather_aggregate.loading import load_model
+
+        return load_model(str(model))
+    return model
+
+
+def _scan_shard(model: HookedModel, shard: tuple[list[tuple[int, int]], dict[str, Any]]) -> list[dict[str, Any]]:
+    heads, kw = shard
+    return exact_scan(model, heads=heads, progress=False, **kw).rows
+
+
+def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, heads: Sequence[tuple[int, int]] | None = None,
+                   method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
+                   max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
+                   address: str | None = None, num_workers: int = 2, threads: int = 1,
+                   shards_per_worker: int = 4) -> ScanResult:
+    """:func:`exact_scan` with its heads partitioned across Ray workers.
+
+    ``model`` must be loadable in a worker (:func:`model_loader`); the driver uses it for the head list and the
+    table's fingerprints.  Each shard is a run of whole stacked forwards of one layer, so every number equals
+    the single-process scan's.  The table (``out``) is exact_scan's: either resumes the other's file.
+    """
+    from gather_aggregate.distributed import model_loader, run_sharded
+    model = _as_model(model)
+    loader = model_loader(model)
+    tokens, heads = _prepare(model, tokens, heads)
+    meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
+            "model": model_fingerprint(model),
+            "task": task_fingerprint(tokens, metric, {"method": method, "per_position": per_position,
+                                                               "seed": seed}),
+            "complete": False}
+    rows: list[dict[str, Any]] = []
+    if out is not None and resume and Path(out).is_file():
+        rows = _load_resume(Path(out), meta)
+    done = {(r["layer"], r["head"]) for r in rows}
+    per_fwd = max(1, (max_rows or default_max_rows(model)) // tokens.shape[0])
+    todo = [(la, h) for la, hs in group_by_layer([hd for hd in heads if hd not in done]).items() for h in hs]
+    n_shards = max(1, num_workers * shards_per_worker)
+    size = per_fwd * max(1, -(-len(todo) // (n_shards * per_fwd)))  # whole stacked forwards per shard
+    kw = {"tokens": tokens.cpu(), "metric": metric, "method": method, "reference": reference,
+          "per_position": per_position, "seed": seed, "max_rows": max_rows}
+    shards = []
+    for la, hs in group_by_layer(todo).items():
+        for start in range(0, len(hs), size):
+            shards.append(([(la, h) for h in hs[start:start + size]], kw))
+    def on_shard(new: list[dict[str, Any]]) -> None:  # the finished shard's rows join exact_scan's table, written at once
+        rows.extend(new)
+        if out is not None:
+            ScanResult(rows, {**meta, "metric_clean": _clean_of(rows)}).ranked().save(out)
+
+    run_sharded(loader, _scan_shard, shards, key=lambda s: ",".join(f"{a}.{b}" for a, b in s[0]),
+                address=address, num_workers=num_workers, threads=threads, meta=meta, on_shard=on_shard)
+    meta.update(complete=True, metric_clean=_clean_of(rows))
+    result = ScanResult(rows, meta).ranked()
+    if out is not None:
+        result.save(out)
+    return result
+
+
+def _clean_of(rows: list[dict[str, Any]]) -> float | None:
+    return float(rows[0]["metric_clean"]) if rows else None
 
 
 def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -77,7 +77,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from gather_aggregate.scan import atp_scan, exact_scan
+    from gather_aggregate.attribution import attribution_scan
+    from gather_aggregate.scan import exact_scan
 
     model = load(args)
     examples = task_examples(args, model)
@@ -86,10 +87,14 @@ def run_scan(args: argparse.Namespace) -> int:
     reference = tokens.roll(1, 0) if args.ablation != "zero" else None
     t0 = time.perf_counter()
     if args.mode == "exact":
+        ray = getattr(args, "ray", None)
         result = exact_scan(model, tokens, metric, method=args.ablation, reference=reference,
-                            out=out / "scan.json", resume=args.resume)
+                            out=out / "scan.json", resume=args.resume, ray=ray is not None,
+                            ray_address=None if ray in (None, "local") else ray,
+                            num_workers=getattr(args, "workers", 2))
     else:
-        result = atp_scan(model, tokens, metric, method=args.ablation, reference=reference)
+        result = attribution_scan(model, tokens, metric, method=args.ablation, reference=reference,
+                                  estimator=args.mode)
         result.save(out / "scan.json")
     print(f"{args.mode} scan of {len(result.rows)} heads on {args.task} in {time.perf_counter() - t0:.1f} s "
           f"(clean metric {result.meta['metric_clean']:.4f}) -> {out}/scan.json, scan.csv")

@@ -24,9 +24,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("_lazy", "errors", "io", "protocol", "readout", "metrics"),
     "tasks/models": ("tasks", "adapters", "loading", "bridge", "zoo", "testing", "hybridise.config",
                      "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
-    "interventions": ("interventions", "layer_resume"),
-    "analysis": ("scan", "patching", "detect", "detect_evidence", "detect_causal", "detect_rules", "experiments",
-                 "claims", "hybridise.choose", "hybridise.distill"),
+    "interventions": ("interventions", "layer_resume", "distributed"),
+    "analysis": ("scan", "patching", "attribution_paths", "attribution_star", "attribution", "detect",
+                 "detect_evidence", "detect_causal", "detect_rules", "experiments", "claims", "hybridise.choose",
+                 "hybridise.distill"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training",
                    "hybridise"),  # the rest of hybridise: its facade, experiment.py, memory_cli.py
 }

@@ -98,12 +98,12 @@ def test_readout_metric_scan_and_patching_equal_naive(setup):
     finally:
         for h in handles:
             h.remove()
-    assert shapes[0] == tuple(tokens.shape)  # the clean run; then the shortcut checks, on 2 prompts
+    assert shapes[0] == tuple(tokens.shape)  # the clean run; then the shortcut checks, on 1 prompt
     stacked = [s for s in shapes if s[0] == 4 * tokens.shape[0]]  # the four heads of a layer, stacked
     assert stacked == [(4 * tokens.shape[0], 1)] * model.n_layers  # one row per prompt: the read one
     # the last attention runs in full only in the clean run and the resume checks of the layers below; the
     # ablated copies get its queries at the read rows alone (BridgeModel.mixer_at_rows)
-    assert attn_batches == [tokens.shape[0]] + [2] * (model.n_layers - 1)
+    assert attn_batches == [tokens.shape[0]] + [1] * (model.n_layers - 1)
     naive = naive_scan(model, tokens, metric)
     for hd in model.all_heads():
         assert exact.score(*hd) == pytest.approx(naive.score(*hd), abs=1e-5)

@@ -1,0 +1,122 @@
+"""Gradient attribution of head ablations: AtP, AtP* and integrated gradients.
+
+A head's exact score is ``c(h) = M(clean) - M(h ablated)``
+(:func:`gather_aggregate.scan.exact_scan`).  Treat every scanned head's output
+``z_h`` as an input of ``F(z_1, .., z_n) = M``, each replaced at its hook by a
+*fixed* value (so a head's output no longer depends on the heads upstream):
+
+    F(z) = M(clean),    F(z with z_h := z'_h) = M(h ablated),    Δ_h = z'_h - z_h.
+
+* **AtP** (Nanda 2023; Kramár et al. 2024): the first-order estimate
+  ``ĉ(h) = -Δ_h · ∂F/∂z_h`` at the clean point.  One forward and one backward.
+* **IG** (integrated gradients along the joint path, EAP-IG style,
+  Hanna et al. 2024): every scanned head moves together on
+  ``z(α) = z + α Δ``, ``α ∈ [0, 1]``, and
+
+      ĉ(h) = -Δ_h · ∫₀¹ ∂F/∂z_h(z(α)) dα  ≈  -Δ_h · (1/k) Σ_j ∂F/∂z_h(z(α_j)),   α_j = (j + ½)/k
+
+  (midpoint rule, ``k = steps``).  The ``k`` points run as ``k`` stacked
+  copies of the batch in one forward and one backward.  IG is exact for any
+  ``F`` that is linear along the path (tested), and by completeness its scores
+  sum to the effect of ablating all scanned heads at once; the saturation of
+  a softmax (the answer's, or an attention row's) that hides a head from AtP
+  at ``α = 0`` is integrated over rather than read at one point.
+* **AtP*** (Kramár et al. 2024) adds two fixes to AtP:
+
+  - the **QK fix**: a head's ablation reaches the metric through the keys
+    and queries of the attention layers above it.  For every attention layer
+    ``l`` above a scanned head's layer, the head's direct contribution
+    ``Δr = Δ_h @ W_O[h]ᵀ`` to the residual stream is added to that layer's
+    input, its queries and keys are recomputed exactly (norm, projections,
+    rotary embedding) and so is the softmax; the resulting pattern change is
+    weighted by ``∂F/∂A_l`` (the gradient at the attention probabilities).
+    That replaces the linear term of the same path, ``∂F/∂A_l · J_A Δr``, in
+    the AtP estimate (the value path stays linear).  Models whose attention
+    layers offer no ``attention_logits`` recomputation get plain AtP there.
+  - **GradDrop**: gradient cancellation between paths through different
+    layers is exposed by dropping, one layer ``l`` at a time, the gradient
+    through that layer's block (``ĉ_l``, ``L`` extra backwards); the score's
+    magnitude is ``Σ_l |ĉ_l| / (L - 1)`` and it keeps the sign of the AtP* term.
+
+All estimators hang their probes on the models' hooks inside ``with
+model.hooks(...)`` (gone when the call returns, also after an error) and take
+gradients with ``torch.autograd.grad`` (no ``.grad`` left on parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from gather_aggregate.attribution_paths import _estimates, _targets, path_gradients
+from gather_aggregate.errors import InputError
+from gather_aggregate.interventions import Method, group_by_layer, head_outputs, make_replacement
+from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.scan import Metric, ScanResult, _check_metric, _prepare, _row
+
+Estimator = Literal["atp", "atp*", "ig"]
+ESTIMATORS = ("atp", "atp*", "ig")
+
+
+def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
+                     method: Method = "zero", reference: Any = None, *, estimator: Estimator = "ig",
+                     steps: int = 4, graddrop: bool = True, verify: int = 0, per_position: bool = True,
+                     seed: int = 0) -> ScanResult:
+    """Estimated ablation drop of every head in ``heads`` (default: all), by ``estimator``.
+
+    ``estimator``: ``"atp"`` (one forward + backward), ``"ig"`` (``steps`` path points stacked in one forward +
+    backward), or ``"atp*"`` (AtP with the QK fix and GradDrop; see the module docstring).  The table has the
+    same columns as :func:`~gather_aggregate.scan.exact_scan`'s, so
+    :func:`~gather_aggregate.scan.compare_rankings` compares them.
+
+    ``verify=m``: the ``m`` heads with the largest estimated magnitude ``|ĉ|`` are then scanned exactly
+    (:func:`~gather_aggregate.scan.exact_scan`) and take their exact scores (column ``verified``).  The
+    shortlist goes by magnitude, not by the signed estimate: where a saturated softmax flips or hides a head's
+    sign (the zoo's Gather heads, docs/benchmarks.md), its magnitude still stands out.
+    """
+    if estimator not in ESTIMATORS:
+        raise InputError(f"unknown estimator {estimator!r}; use one of {ESTIMATORS}")
+    if not isinstance(verify, int) or isinstance(verify, bool) or verify < 0:
+        raise InputError(f"verify must be a non-negative int (heads to re-score exactly), got {verify!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise InputError(f"steps must be a positive int (path points of integrated gradients), got {steps!r}")
+    tokens, heads = _prepare(model, tokens, heads)
+    rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
+                           n_pos=tokens.shape[1])
+    by_layer = group_by_layer(heads)
+    clean_z = head_outputs(model, tokens, list(by_layer))
+    targets = _targets(model, clean_z, by_layer, rep)
+    meta: dict[str, Any] = {"mode": estimator, "method": method}
+    if estimator == "ig":
+        alphas = [(j + 0.5) / steps for j in range(steps)]
+        _, terms, _ = path_gradients(model, tokens, metric, targets, alphas)
+        with torch.no_grad():
+            clean = _check_metric(metric(model(tokens)), "clean run")
+        est = _estimates(model, by_layer, terms, 1.0 / steps)
+        meta["steps"] = steps
+    elif estimator == "atp":
+        clean, terms, _ = path_gradients(model, tokens, metric, targets, [0.0])
+        est = _estimates(model, by_layer, terms)
+    else:
+        from gather_aggregate.attribution_star import atp_star
+
+        clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop)
+        meta.update(info)
+    meta["metric_clean"] = clean
+    rows = [_row(model, layer, h, clean, clean - est[(layer, h)]) for layer, h in heads]
+    if verify:
+        from gather_aggregate.scan import exact_scan
+
+        short = sorted(heads, key=lambda hd: -abs(est[hd]))[:verify]
+        exact = exact_scan(model, tokens, metric, short, method, reference, per_position=per_position, seed=seed,
+                           progress=False).scores()
+        for r in rows:
+            hd = (r["layer"], r["head"])
+            r["verified"] = hd in exact
+            if hd in exact:
+                r["score"], r["metric_ablated"] = exact[hd], clean - exact[hd]
+        meta["verified"] = len(short)
+    return ScanResult(rows, meta).ranked()
+
