@@ -167,9 +167,9 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(directory))
+    cfg = hybrid_config_from_hf(config)  # an unsupported layout is named before any weights are read
     sd = read_state_dict(directory)
-    return build_hybrid(hybrid_config_from_hf(config), sd, device=device, dtype=resolve_dtype(dtype, config, sd),
-                        **where)
+    return build_hybrid(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)
 
 
 __all__ = ["load_hybrid", "build_hybrid", "hybrid_config_from_hf", "convert_state_dict", "decoder_checkpoint_key",
