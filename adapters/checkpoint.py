@@ -1,9 +1,9 @@
 """Checkpoint files and the parts of weight conversion every hooked model shares.
 
 Reading a checkpoint directory (safetensors, sharded or not, or
-``pytorch_model.bin``), the one-line report of missing / mis-shaped /
-unexpected keys, and filling a model built on the meta device with copies of
-the converted tensors.  The SSM converter (:mod:`.convert`) and the hybrid one
+``pytorch_model.bin``) as streamed references (:mod:`.streaming`), the one-line
+report of missing / mis-shaped / unexpected keys, and filling a model built on
+the meta device from the converted references, one parameter at a time.  The SSM converter (:mod:`.convert`) and the hybrid one
 (:mod:`.hybrid_convert`) both build on these.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from gather_aggregate.errors import ModelLoadError
+from gather_aggregate.adapters.streaming import Checkpoint, materialize
+from gather_aggregate.errors import InputError, ModelLoadError
 
 
 def _listing(items: list[str], limit: int = 12) -> str:
@@ -30,47 +30,36 @@ def key_problems(missing: list[str], shaped: list[str], unexpected: list[str]) -
     return "; ".join(f"{what} keys ({len(keys)}): {_listing(keys)}" for what, keys in groups if keys)
 
 
-def fill_model(model: Any, converted: dict[str, Tensor], *, device: Any = None, dtype: torch.dtype | None = None) -> Any:
-    """Materialise a model built on the meta device with copies of ``converted`` (fp32 unless ``dtype``)."""
-    model = model.to_empty(device=device or "cpu")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(converted[name].to(device=p.device))
-    model = model.to(dtype=dtype or torch.float32)
-    model.setup()
-    return model.eval()
+def fill_model(model: Any, converted: Any, *, device: Any = None, dtype: torch.dtype | None = None,
+               device_map: Any = None, max_memory: Any = None) -> Any:
+    """Materialise a model built on the meta device from ``converted`` (tensors or checkpoint references).
+
+    Each parameter is allocated once, in ``dtype`` (fp32 when ``None``) on its device, and filled
+    straight from its source (:func:`~gather_aggregate.adapters.streaming.materialize`): no fp32 copy
+    of the model, no second copy.  ``device_map`` places parameters with accelerate's conventions
+    (:mod:`.placement`).
+    """
+    dtype = dtype or torch.float32
+    placement = mods = None
+    if device_map is not None:
+        if device is not None:
+            raise InputError("pass device= or device_map=, not both")
+        from gather_aggregate.adapters.placement import plan
+
+        placement, mods = plan(model, device_map, dtype, max_memory)
+    model = materialize(model, converted, dtype=dtype, device=device, placement=placement)
+    if mods:
+        from gather_aggregate.adapters.placement import dispatch
+
+        dispatch(model, mods)
+        model.hf_device_map = {k: str(v) for k, v in mods.items()}
+    return model
 
 
-def read_state_dict(directory: str | Path) -> dict[str, Tensor]:
-    """All tensors of a checkpoint directory (safetensors, sharded safetensors, or pytorch_model.bin)."""
-    d = Path(directory)
-    files: list[Path] = []
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (d / index).is_file():
-            shards = sorted(set(json.loads((d / index).read_text())["weight_map"].values()))
-            files = [d / s for s in shards]
-            break
-    if not files:
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            if (d / single).is_file():
-                files = [d / single]
-                break
-    if not files:
-        raise ModelLoadError(
-            f"no weights in {str(d)!r} (looked for model.safetensors, pytorch_model.bin and their .index.json); "
-            "save the model with model.save_pretrained(dir) or torch.save(model.state_dict(), dir/'pytorch_model.bin')"
-        )
-    out: dict[str, Tensor] = {}
-    for f in files:
-        if not f.is_file():
-            raise ModelLoadError(f"checkpoint shard {str(f)!r} listed in the index is missing; re-download it")
-        if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            out.update(load_file(str(f)))
-        else:
-            out.update(torch.load(str(f), map_location="cpu", weights_only=True))
-    return out
+def read_state_dict(directory: str | Path) -> Checkpoint:
+    """The tensors of a checkpoint directory (safetensors, sharded safetensors, or pytorch_model.bin) as
+    references that are read only when copied (:class:`~gather_aggregate.adapters.streaming.Checkpoint`)."""
+    return Checkpoint(directory)
 
 
 def raw_config(directory: Path) -> dict[str, Any]:

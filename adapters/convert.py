@@ -19,6 +19,7 @@ checkpoint key                           ``HookedSSM`` parameter
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -35,9 +36,11 @@ from gather_aggregate.adapters.config import (
     is_mamba_ssm_config,
 )
 from gather_aggregate.adapters.model import HookedSSM
+from gather_aggregate.adapters.streaming import apply_tying, meta_init, parse_dtype, resolve_dtype
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
 
 _LAYER = re.compile(r"^backbone\.layers\.(\d+)\.(norm|mixer)\.(.+)$")
+_EMBED_KEYS = ("backbone.embeddings.weight", "backbone.embedding.weight")
 # FalconMamba's weightless norms carry dummy (non-persistent) weights; they are never loaded.
 _IGNORED_MIXER = ("dt_layernorm.weight", "b_layernorm.weight", "c_layernorm.weight")
 
@@ -110,12 +113,21 @@ def _ckpt_names(ours: list[str]) -> list[str]:
     return names
 
 
-def build_model(cfg: SSMConfig, state_dict: dict[str, Tensor], *, device: Any = None,
-                dtype: torch.dtype | None = None) -> HookedSSM:
-    """A ``HookedSSM`` holding copies of the checkpoint's tensors (the source is never modified)."""
-    with torch.device("meta"):
+def build_model(cfg: SSMConfig, state_dict: Any, *, device: Any = None,
+                dtype: torch.dtype | None = None, **placement: Any) -> HookedSSM:
+    """A ``HookedSSM`` holding copies of the checkpoint's tensors (the source is never modified).
+
+    Tying follows HF (:func:`~gather_aggregate.adapters.streaming.apply_tying`): a stored ``lm_head``
+    that differs from the embedding unties them even when the config says ``tie_word_embeddings``.
+    """
+    state_dict, tie = apply_tying(state_dict, cfg.tie_embeddings, _EMBED_KEYS)
+    if tie != cfg.tie_embeddings:
+        cfg = dataclasses.replace(cfg, tie_embeddings=tie)
+    with meta_init():
         model = HookedSSM(cfg)
-    return fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype)
+    built: HookedSSM = fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype,
+                                  **placement)
+    return built
 
 
 def is_mamba_ssm_dir(path: str | Path) -> bool:
@@ -127,8 +139,8 @@ def is_mamba_ssm_dir(path: str | Path) -> bool:
         return False
 
 
-def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, dtype: torch.dtype | None = None,
-             head_size: int | None = None) -> HookedSSM:
+def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, dtype: Any = None,
+             head_size: int | None = None, device_map: Any = None, max_memory: Any = None) -> HookedSSM:
     """Load a hooked Mamba-1 / FalconMamba / Mamba-2 model.
 
     Args:
@@ -139,7 +151,10 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
         config: the HF config (``None``: read from the directory / model).  A
             mamba-ssm ``config.json`` dict is accepted too.
         device, dtype: where and in which dtype to build the model (default CPU;
-            fp32, or the in-memory model's dtype).
+            ``dtype=None``/``"auto"``: HF's rule, the config's ``dtype``, else the
+            weights' dtype; an in-memory model's own dtype).
+        device_map, max_memory: accelerate-style placement (``"auto"`` or
+            ``{module: device}``), see :mod:`gather_aggregate.adapters.placement`.
         head_size: Mamba-1 only: channels per head (default 1, the paper's
             convention); must divide ``d_inner``.
     """
@@ -147,15 +162,17 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
 
     if hybrid_model_type(path_or_hf_model, config) is not None:  # attention + SSM layers: HookedHybrid
         extra = {} if head_size is None else {"head_size": head_size}
-        return load_hybrid(path_or_hf_model, config, device=device, dtype=dtype, **extra)
+        return load_hybrid(path_or_hf_model, config, device=device, dtype=dtype, device_map=device_map,
+                           max_memory=max_memory, **extra)
+    where = {"device_map": device_map, "max_memory": max_memory} if device_map is not None else {}
     if isinstance(path_or_hf_model, nn.Module):
         hf = path_or_hf_model
         cfg = config_from_hf(config if config is not None else hf.config, head_size=head_size)
-        if dtype is None:
-            dtype = next(hf.parameters()).dtype
-        if device is None:
+        dtype = next(hf.parameters()).dtype if dtype in (None, "auto") else parse_dtype(dtype)
+        if device is None and device_map is None:
             device = next(hf.parameters()).device
-        return build_model(cfg, {k: v.detach() for k, v in hf.state_dict().items()}, device=device, dtype=dtype)
+        return build_model(cfg, {k: v.detach() for k, v in hf.state_dict().items()}, device=device, dtype=dtype,
+                           **where)
     if not isinstance(path_or_hf_model, (str, Path)):
         raise InputError(
             f"load_ssm takes a checkpoint directory or an HF model, got {type(path_or_hf_model).__name__}"
@@ -167,10 +184,11 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
         raw = config if isinstance(config, dict) else raw_config(directory)
         if is_mamba_ssm_config(raw):
             sd = read_state_dict(directory)
-            cfg = config_from_mamba_ssm(raw, {k: tuple(v.shape) for k, v in sd.items()}, head_size=head_size)
-            return build_model(cfg, sd, device=device, dtype=dtype)
+            cfg = config_from_mamba_ssm(raw, sd.shapes(), head_size=head_size)
+            return build_model(cfg, sd, device=device, dtype=resolve_dtype(dtype, raw, sd), **where)
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(directory))
     cfg = config_from_hf(config, head_size=head_size)
-    return build_model(cfg, read_state_dict(directory), device=device, dtype=dtype)
+    sd = read_state_dict(directory)
+    return build_model(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)

@@ -9,6 +9,7 @@ copies of the checkpoint's tensors (the user's HF model is never touched).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from gather_aggregate.adapters.checkpoint import fill_model, key_problems, read_
 from gather_aggregate.adapters.families import HYBRID_FAMILIES, KNOWN_UNSUPPORTED, get_family
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig
+from gather_aggregate.adapters.streaming import apply_tying, meta_init, parse_dtype, resolve_dtype
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
 
 
@@ -99,13 +101,19 @@ def convert_state_dict(state_dict: dict[str, Tensor], model: HookedHybrid) -> di
     return out
 
 
-def build_hybrid(cfg: HybridConfig, state_dict: dict[str, Tensor], *, device: Any = None,
-                 dtype: torch.dtype | None = None) -> HookedHybrid:
-    """The family's hooked model holding copies of the checkpoint tensors (the source is never modified)."""
+def build_hybrid(cfg: HybridConfig, state_dict: Any, *, device: Any = None,
+                 dtype: torch.dtype | None = None, **placement: Any) -> HookedHybrid:
+    """The family's hooked model holding copies of the checkpoint tensors (the source is never modified).
+
+    Tying follows HF (:func:`~gather_aggregate.adapters.streaming.apply_tying`)."""
+    state_dict, tie = apply_tying(state_dict, cfg.tie_embeddings, ("model.embed_tokens.weight",))
+    if tie != cfg.tie_embeddings:
+        cfg = replace(cfg, tie_embeddings=tie)
     cls = get_family(cfg.model_type).model_class
-    with torch.device("meta"):
+    with meta_init():
         model = cls(cfg)
-    built: HookedHybrid = fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype)
+    built: HookedHybrid = fill_model(model, convert_state_dict(state_dict, model), device=device, dtype=dtype,
+                                     **placement)
     return built
 
 
@@ -130,13 +138,15 @@ def hybrid_model_type(path_or_hf_model: Any, config: Any = None) -> str | None:
     return mt if mt in (*HYBRID_FAMILIES, *KNOWN_UNSUPPORTED) else None
 
 
-def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None,
-                dtype: torch.dtype | None = None, **kwargs: Any) -> HookedHybrid:
+def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None, dtype: Any = None,
+                device_map: Any = None, max_memory: Any = None, **kwargs: Any) -> HookedHybrid:
     """Load a hooked hybrid from a ``save_pretrained`` directory or an in-memory HF model.
 
     ``config`` defaults to the directory's / model's own HF config.  The HF
-    model's weights are copied, never modified.
+    model's weights are copied, never modified.  ``dtype=None``/``"auto"`` and
+    ``device_map`` as in :func:`~gather_aggregate.adapters.convert.load_ssm`.
     """
+    where = {"device_map": device_map, "max_memory": max_memory} if device_map is not None else {}
     if kwargs:
         raise InputError(f"options {sorted(kwargs)} do not apply to hybrid models (head_size is for Mamba-1 "
                          "channel groups of pure Mamba models); drop them")
@@ -145,7 +155,8 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         cfg = hybrid_config_from_hf(config if config is not None else hf.config)
         p = next(hf.parameters())
         return build_hybrid(cfg, {k: v.detach() for k, v in hf.state_dict().items()},
-                            device=device or p.device, dtype=dtype or p.dtype)
+                            device=device or (None if where else p.device),
+                            dtype=p.dtype if dtype in (None, "auto") else parse_dtype(dtype), **where)
     if not isinstance(path_or_hf_model, (str, Path)):
         raise InputError(f"load_hybrid takes a checkpoint directory or an HF model, got "
                          f"{type(path_or_hf_model).__name__}")
@@ -156,7 +167,9 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(directory))
-    return build_hybrid(hybrid_config_from_hf(config), read_state_dict(directory), device=device, dtype=dtype)
+    cfg = hybrid_config_from_hf(config)  # an unsupported layout is named before any weights are read
+    sd = read_state_dict(directory)
+    return build_hybrid(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)
 
 
 __all__ = ["load_hybrid", "build_hybrid", "hybrid_config_from_hf", "convert_state_dict", "decoder_checkpoint_key",

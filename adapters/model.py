@@ -215,7 +215,7 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
             return resid
         h = self.ln_final(resid.to(self.ln_final.weight.dtype))
         W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return torch.nn.functional.linear(h.to(W.dtype), W).float()
+        return torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W).float()
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Like TransformerLens: ``(output, ActivationCache)``; all ``forward`` keywords pass through."""

@@ -26,18 +26,11 @@ def _offline() -> bool:
 
 
 def parse_dtype(dtype: Any) -> Any:
-    """``None``, a ``torch.dtype`` or a name such as ``"float32"``/``"bf16"``."""
-    import torch
+    """``None``, ``"auto"``, a ``torch.dtype`` or a name such as ``"float32"``/``"bf16"`` (one home:
+    :func:`gather_aggregate.adapters.streaming.parse_dtype`)."""
+    from gather_aggregate.adapters.streaming import parse_dtype as parse
 
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-    try:
-        return names[str(dtype).lower().replace("torch.", "")]
-    except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(names)}") from None
+    return parse(dtype)
 
 
 def ssm_model_types() -> tuple[str, ...]:
@@ -114,13 +107,17 @@ def _optional_tokenizer(source: str) -> Any:
 
 
 def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None,
-               tokenizer: Any = None, **kwargs: Any) -> Any:
+               tokenizer: Any = None, device_map: Any = None, **kwargs: Any) -> Any:
     """Load a hooked model that answers the gather-aggregate protocol.
 
     Args:
         name_or_path: a local ``save_pretrained`` directory (or a hub name when online / cached).
         device: e.g. ``"cpu"`` or ``"cuda"``; default CPU.
-        dtype: ``torch.float32`` (default), ``torch.bfloat16``, or a name such as ``"bf16"``.
+        dtype: ``torch.float32``, ``torch.bfloat16``, a name such as ``"bf16"``, or ``"auto"``/``None``
+            (the default, as in HF's ``from_pretrained``): the config's ``dtype``/``torch_dtype``, else
+            the index's ``metadata.dtype``, else the stored weights' dtype.
+        device_map: accelerate-style placement, ``"auto"`` or ``{module name: device}`` (needs the
+            ``[accelerate]`` extra); SSM/hybrid parameters are read straight onto their devices.
         tokenizer: use this tokenizer instead of the one saved with the model.
         **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
     """
@@ -136,7 +133,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if _is_mamba_ssm_checkpoint(name_or_path):  # original mamba-ssm layout: config.json has no model_type
         from gather_aggregate.adapters import load_ssm
 
-        model = load_ssm(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs)
+        model = load_ssm(str(name_or_path), device=device, dtype=parse_dtype(dtype), device_map=device_map, **kwargs)
         model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
         return model
     from gather_aggregate.hybridise.model import is_head_hybrid_dir
@@ -155,7 +152,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
 
-        model = load_ssm(source, config, device=device, dtype=dtype, **kwargs)
+        model = load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs)
         model.tokenizer = tok
         return model
     if kwargs:
@@ -168,7 +165,10 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         raise UnsupportedModelError(_unsupported_message(model_type, archs))
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "float32")
+    if device is not None and device_map is not None:
+        raise ModelLoadError("pass device= or device_map=, not both")
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "auto",
+                                              **({"device_map": device_map} if device_map is not None else {}))
     if device is not None:
         hf = hf.to(device)
     return BridgeModel.from_hf(hf, tok, copy_model=False, name=str(name_or_path))

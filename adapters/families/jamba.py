@@ -16,6 +16,7 @@ from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, decoder_fields
 from gather_aggregate.adapters.hybrid_convert import decoder_checkpoint_key
 from gather_aggregate.adapters.mixers import Mamba1Mixer
+from gather_aggregate.adapters.streaming import StackedTensor
 
 
 def jamba_config_from_hf(hf_config: Any) -> HybridConfig:
@@ -102,9 +103,10 @@ def fuse_experts(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Te
         n = 1 + max(e for e, _ in parts)
         if len(parts) != 3 * n:
             continue
-        out[prefix + ".gate_up_proj"] = torch.stack(
-            [torch.cat([state_dict[parts[(e, "gate_proj")]], state_dict[parts[(e, "up_proj")]]], 0) for e in range(n)])
-        out[prefix + ".down_proj"] = torch.stack([state_dict[parts[(e, "down_proj")]] for e in range(n)])
+        # lazy: the fused tensors are written straight into the parameter when it is materialised
+        out[prefix + ".gate_up_proj"] = StackedTensor(
+            [[state_dict[parts[(e, "gate_proj")]], state_dict[parts[(e, "up_proj")]]] for e in range(n)])
+        out[prefix + ".down_proj"] = StackedTensor([[state_dict[parts[(e, "down_proj")]]] for e in range(n)])
         for key in parts.values():
             del out[key]
     return out

@@ -42,6 +42,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, first_int, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.streaming import tensors_equal
 from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
 
 
@@ -274,7 +275,7 @@ class HookedZamba2(HookedHybrid):
             return state
         h = self.ln_final(state[..., : self.cfg.d_model])
         W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return torch.nn.functional.linear(h.to(W.dtype), W).float()
+        return torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W).float()
 
 
 # ------------------------------------------------------------------------------ weights
@@ -373,7 +374,7 @@ def dedupe_shared(state_dict: dict[str, Tensor], cfg: HybridConfig) -> dict[str,
     for key, canonical, value in pending:
         if canonical not in out:
             out[canonical] = value
-        elif out[canonical].shape != value.shape or not torch.equal(out[canonical], value):
+        elif not tensors_equal(out[canonical], value):
             differing.append(key)
     if differing:
         raise CheckpointError(

@@ -1,0 +1,216 @@
+"""Random checkpoints at the published widths of real models, written as the real ones ship.
+
+:data:`PUBLISHED` holds the widths of each model's published ``config.json``
+(hidden sizes, heads, state sizes, vocabulary, dtype, file layout). Only the
+layer count is cut (``n_layers``, default 2) and, optionally, the vocabulary.
+:func:`write_checkpoint` writes random weights in the real model's layout:
+
+* HF families: sharded ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
+  (Jamba's MoE experts in their per-expert on-disk names), in the shipped dtype;
+* ``mamba2-2.7b``: the original mamba-ssm layout (``config.json`` with ``d_model``/``n_layer``/
+  ``ssm_cfg`` and one fp32 ``pytorch_model.bin``).
+
+Tensor names and shapes come from the HF class built on the meta device, so the
+writer never holds more than one shard in memory. Values are random with the
+scales a trained model has (norms near 1, ``A_log``/``D``/``dt_bias`` in their
+usual ranges), so logits are informative and exactness checks are meaningful.
+Used by ``tests/test_realwidth.py``, ``benchmarks/bench_load.py`` and ``benchmarks/bench_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: published config values (the layer count is set by ``write_checkpoint``)
+PUBLISHED: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=False, dtype="bfloat16", _shards=4),
+    "falcon-mamba-7b": dict(
+        model_type="falcon_mamba", hidden_size=4096, intermediate_size=8192, state_size=16, conv_kernel=4,
+        expand=16, time_step_rank=256, vocab_size=65024, use_bias=False, use_conv_bias=True,
+        layer_norm_epsilon=1e-5, mixer_rms_eps=1e-6, tie_word_embeddings=False, dtype="bfloat16", _shards=7),
+    "mamba2-2.7b": dict(  # state-spaces/mamba2-2.7b: mamba-ssm format, fp32 pytorch_model.bin
+        model_type="mamba2", hidden_size=2560, state_size=128, conv_kernel=4, expand=2, head_dim=64,
+        num_heads=80, n_groups=1, vocab_size=50288, chunk_size=256, use_bias=False, use_conv_bias=True,
+        layer_norm_epsilon=1e-5, tie_word_embeddings=True, dtype="float32", _format="mamba_ssm"),
+    "zamba2-7b": dict(
+        model_type="zamba2", hidden_size=3584, mamba_d_state=64, mamba_d_conv=4, mamba_expand=2,
+        mamba_headdim=64, n_mamba_heads=112, mamba_ngroups=2, num_attention_heads=32, num_key_value_heads=32,
+        attention_head_dim=224, intermediate_size=14336, num_mem_blocks=2, adapter_rank=128,
+        use_shared_attention_adapter=False, use_mem_rope=True, vocab_size=32000, tie_word_embeddings=True,
+        dtype="bfloat16", _shards=4, _layers=("hybrid", "mamba")),
+    "jamba-v0.1": dict(
+        model_type="jamba", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, num_experts=16, num_experts_per_tok=2, expert_layer_period=2,
+        expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=0, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_dt_rank=256, vocab_size=65536, tie_word_embeddings=False, dtype="bfloat16",
+        _shards=4),
+    "bamba-9b": dict(
+        model_type="bamba", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_key_value_heads=8, mamba_n_heads=128, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1,
+        mamba_expand=2, mamba_d_conv=4, mamba_chunk_size=256, vocab_size=128256, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, dtype="bfloat16", _shards=4, _attn_layers=(1,)),
+}
+# Departures from the shipped files, forced by 1-2 layers: Jamba's attention period/offset are 8/4 and
+# Bamba's attention layers 9/18/27 (here layer 0 resp. 1 is attention so both kinds appear); Jamba keeps
+# ``n_experts`` experts (default 4 of 16) so a 2-layer model stays under the memory budget here.
+
+
+def hf_config(name: str, *, n_layers: int = 2, vocab: int | None = None, n_experts: int | None = 4) -> Any:
+    """The HF config of ``name`` at published widths with ``n_layers`` layers (and an optional vocab cut)."""
+    from transformers import AutoConfig
+
+    spec = {k: v for k, v in PUBLISHED[name].items() if not k.startswith("_")}
+    model_type = spec.pop("model_type")
+    spec["num_hidden_layers"] = n_layers
+    if vocab is not None:
+        spec["vocab_size"] = vocab
+    if model_type == "zamba2":
+        kinds = PUBLISHED[name]["_layers"]
+        spec["layers_block_type"] = [kinds[i % len(kinds)] for i in range(n_layers)]
+        spec["hybrid_layer_ids"] = [i for i, k in enumerate(spec["layers_block_type"]) if k == "hybrid"]
+    if model_type == "jamba" and n_experts is not None:
+        spec["num_experts"] = n_experts
+    if model_type == "bamba":
+        spec["attn_layer_indices"] = [i for i in PUBLISHED[name]["_attn_layers"] if i < n_layers]
+    if model_type == "mamba2":
+        spec["num_heads"] = spec["expand"] * spec["hidden_size"] // spec["head_dim"]
+    return AutoConfig.for_model(model_type, **spec)
+
+
+def _values(key: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Random values with a trained model's scales for the tensor named ``key``."""
+    if re.search(r"(norm|layernorm)[^.]*\.weight$|norm_f\.weight$", key):
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if key.endswith("A_log"):
+        return torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=gen))
+    if key.endswith(".D"):
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if key.endswith("dt_bias") or key.endswith("dt_proj.bias"):
+        dt = torch.exp(torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+        return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+    if key.endswith("bias"):
+        return 0.02 * torch.randn(shape, generator=gen)
+    if "embed" in key or key == "lm_head.weight":  # HF's initializer_range: logits of order 1
+        return 0.02 * torch.randn(shape, generator=gen)
+    fan_in = shape[-1] if len(shape) > 1 else 1
+    if "conv1d" in key:
+        fan_in = shape[-1]
+    return torch.randn(shape, generator=gen) / math.sqrt(fan_in)
+
+
+def _meta_state(config: Any) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape, as save_pretrained writes it (tied copies once, Jamba experts per expert)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    seen: set[int] = set()
+    out: dict[str, tuple[int, ...]] = {}
+    for key, t in model.state_dict(keep_vars=True).items():
+        if id(t) in seen or (key == "lm_head.weight" and config.tie_word_embeddings):
+            continue
+        seen.add(id(t))
+        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", key)
+        if m and config.model_type == "jamba":
+            n = t.shape[0]
+            if m.group(2) == "gate_up_proj":
+                half = t.shape[1] // 2
+                for e in range(n):
+                    out[f"{m.group(1)}.{e}.gate_proj.weight"] = (half, t.shape[2])
+                    out[f"{m.group(1)}.{e}.up_proj.weight"] = (half, t.shape[2])
+            else:
+                for e in range(n):
+                    out[f"{m.group(1)}.{e}.down_proj.weight"] = tuple(t.shape[1:])
+            continue
+        out[key] = tuple(t.shape)
+    return out
+
+
+def write_checkpoint(name: str, directory: str | Path, *, n_layers: int = 2, vocab: int | None = None,
+                     n_experts: int | None = 4, dtype: str | None = None, shards: int | None = None,
+                     seed: int = 0) -> Path:
+    """Write a random ``name`` checkpoint at published widths; returns the directory."""
+    from safetensors.torch import save_file
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    spec = PUBLISHED[name]
+    config = hf_config(name, n_layers=n_layers, vocab=vocab, n_experts=n_experts)
+    torch_dtype = getattr(torch, dtype or spec["dtype"])
+    shapes = _meta_state(config)
+    gen = torch.Generator().manual_seed(seed)
+    if spec.get("_format") == "mamba_ssm":
+        sd = {k.replace("backbone.embeddings.", "backbone.embedding."): _values(k, s, gen).to(torch_dtype)
+              for k, s in shapes.items()}
+        sd["lm_head.weight"] = sd["backbone.embedding.weight"]  # mamba-ssm saves the tied copy
+        torch.save(sd, d / "pytorch_model.bin")
+        raw = {"d_model": config.hidden_size, "d_intermediate": 0, "n_layer": n_layers,
+               "vocab_size": config.vocab_size, "ssm_cfg": {"layer": "Mamba2"}, "attn_layer_idx": [], "attn_cfg": {},
+               "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True, "pad_vocab_size_multiple": 16,
+               "tie_embeddings": True}
+        (d / "config.json").write_text(json.dumps(raw, indent=2))
+        return d
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = torch_dtype
+    config.save_pretrained(d)
+    n_shards = shards if shards is not None else spec.get("_shards", 1)
+    total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
+    budget = max(1, math.ceil(total / n_shards))
+    groups: list[list[str]] = [[]]
+    size = 0
+    for key, s in shapes.items():
+        nbytes = math.prod(s) * torch_dtype.itemsize
+        if groups[-1] and size + nbytes > budget and len(groups) < n_shards:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += nbytes
+    weight_map = {}
+    for i, keys in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" if len(groups) > 1 else "model.safetensors"
+        save_file({k: _values(k, shapes[k], gen).to(torch_dtype) for k in keys}, str(d / fname),
+                  metadata={"format": "pt"})
+        weight_map.update({k: fname for k in keys})
+    if len(groups) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return d
+
+
+def hf_reference(name: str, directory: str | Path, *, dtype: torch.dtype = torch.float32, n_layers: int = 2,
+                 vocab: int | None = None, n_experts: int | None = 4) -> Any:
+    """HF's own model of a :func:`write_checkpoint` directory (``from_pretrained``; for the mamba-ssm layout the
+    state dict is renamed to HF's names and assigned), the oracle of the real-width tests."""
+    from transformers import AutoModelForCausalLM
+
+    d = Path(directory)
+    if PUBLISHED[name].get("_format") != "mamba_ssm":
+        return AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_config(name, n_layers=n_layers, vocab=vocab, n_experts=n_experts))
+    sd = torch.load(d / "pytorch_model.bin", weights_only=True, mmap=True)
+    sd = {k.replace("backbone.embedding.", "backbone.embeddings."): v.to(dtype) for k, v in sd.items()}
+    hf.load_state_dict(sd, assign=True, strict=False)
+    hf.tie_weights()
+    return hf.eval()
+
+
+def param_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters (shared parameters once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+__all__ = ["PUBLISHED", "hf_config", "write_checkpoint", "hf_reference", "param_bytes"]

@@ -1,0 +1,120 @@
+"""Real checkpoints at real width, on the CPU: random weights at each model's published widths.
+
+For every family (``gather_aggregate.adapters.realwidth.PUBLISHED``) a checkpoint is written in the dtype and
+file layout the real one ships with (sharded bf16 safetensors; mamba-ssm's fp32 ``pytorch_model.bin`` for
+Mamba2-2.7B), with 1-2 layers. Checked: the load-memory bar (peak RSS growth <= 1.25x the parameter bytes,
+measured in a fresh process), the shipped dtype is kept, fp32 logits equal HF's own model (<= 1e-4), the
+last-row pattern equals the full pattern's last row, and one exact-scan step equals the naive scan.
+
+The default suite runs two of them at one layer with a cut vocabulary; the rest are ``slow``
+(``pytest -m slow tests/test_realwidth.py``; about 2-4 GiB each, one at a time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gather_aggregate import load_model
+from gather_aggregate.adapters.realwidth import PUBLISHED, hf_reference, write_checkpoint
+from gather_aggregate.scan import exact_scan, naive_scan
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-4
+LOAD_BAR = 1.25
+
+FAST = [("mamba2-2.7b", dict(n_layers=1, vocab=2048)), ("falcon-mamba-7b", dict(n_layers=1, vocab=2048))]
+SLOW = [
+    ("falcon-mamba-7b", dict(n_layers=2)),
+    ("mamba2-2.7b", dict(n_layers=2)),
+    ("zamba2-7b", dict(n_layers=2)),
+    ("jamba-v0.1", dict(n_layers=2, vocab=16384, n_experts=3)),
+    ("bamba-9b", dict(n_layers=2, vocab=32000)),
+    ("llama-3.1-8b", dict(n_layers=1, vocab=32000)),
+]
+
+
+def _hf_logits(hf, tokens):
+    with torch.no_grad():
+        return hf(tokens).logits.float()
+
+
+def load_peak(directory: Path) -> dict:
+    """Peak RSS growth of ``load_model(directory)`` in a fresh process (benchmarks/bench_load.py's child)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_load.py"), "--child", "ours", "--dir",
+                          str(directory)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def check_family(name: str, kw: dict, tmp_path: Path, *, memory: bool) -> None:
+    d = write_checkpoint(name, tmp_path / name, **kw)
+    shipped = getattr(torch, PUBLISHED[name]["dtype"])
+    # dtype kept (dtype="auto", HF's default) and, in a fresh process, the load-memory bar
+    if memory:
+        m = load_peak(d)
+        assert m["dtype"] == str(shipped)
+        assert m["peak"] <= LOAD_BAR * m["param_bytes"], m
+    else:
+        assert load_model(d, tokenizer=False).dtype == shipped
+    # fp32 logits against HF's own model
+    vocab = kw.get("vocab") or PUBLISHED[name]["vocab_size"]
+    tokens = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+    hf = hf_reference(name, d, **{k: v for k, v in kw.items() if k in ("n_layers", "vocab", "n_experts")})
+    ref = _hf_logits(hf, tokens)
+    del hf
+    model = load_model(d, tokenizer=False, dtype="float32")
+    assert model.dtype == torch.float32
+    logits = model(tokens).float() if not hasattr(model, "module") else model(tokens).float()
+    assert (logits - ref).abs().max().item() <= TOL * max(1.0, ref.abs().max().item())
+    if hasattr(model, "module"):  # Llama: the TransformerBridge; its patterns/scans are tested elsewhere
+        return
+    # last-row pattern == the full pattern's last row, for every layer kind
+    for info in model.layers:
+        heads = [0, info.n_heads - 1]
+        full = model.pattern(tokens[:1], info.index, heads=heads)
+        last = model.pattern(tokens[:1], info.index, heads=heads, rows=-1)
+        assert torch.allclose(last[..., 0, :], full[..., -1, :], atol=1e-5, rtol=1e-4)
+    # one exact-scan step against the naive scan
+    target = tokens[:, -1]
+
+    def metric(lg):
+        return lg[:, -1].log_softmax(-1).gather(-1, target[:, None]).mean()
+
+    heads = [(info.index, h) for info in model.layers for h in (0, info.n_heads // 2)]
+    exact = exact_scan(model, tokens, metric, heads=heads, progress=False).scores()
+    naive = naive_scan(model, tokens, metric, heads=heads).scores()
+    for hd in heads:
+        assert abs(exact[hd] - naive[hd]) <= 1e-4 * max(1.0, abs(naive[hd])), (hd, exact[hd], naive[hd])
+
+
+@pytest.mark.parametrize("name,kw", FAST, ids=[n for n, _ in FAST])
+def test_real_width_fast(tmp_path, name, kw):
+    torch.manual_seed(0)
+    check_family(name, kw, tmp_path, memory=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kw", SLOW, ids=[n for n, _ in SLOW])
+def test_real_width(tmp_path, name, kw):
+    check_family(name, kw, tmp_path, memory=True)
+
+
+@pytest.mark.slow
+def test_bench_gpu_runs_on_cpu(tmp_path):
+    """benchmarks/bench_gpu.py has not run on a GPU; its code paths run here on the CPU at one layer."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    out = tmp_path / "rows.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--device", "cpu", "--layers",
+                          "1", "--vocab", "256", "--families", "mamba2-2.7b", "--batch", "1", "--seq", "8",
+                          "--heads", "1", "--json", str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["exact_vs_naive"] <= 1e-4 and row["fp32_dlogit_vs_hf"] <= 1e-4 and row["atp_heads"] == 80
