@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pattern": ("gather_aggregate.workflows:run_pattern", "save (implied) attention patterns of a layer"),
     "report": ("gather_aggregate.workflows:run_report", "build a self-contained HTML report from results"),
     "zoo": ("gather_aggregate.workflows:run_zoo", "toy-zoo utilities: `zoo train`, `zoo list`"),
+    "lm-eval": ("gather_aggregate.lm_eval.schedule:cmd_lm_eval",
+                "lm-evaluation-harness tasks x heads removed (needs the lmeval extra)"),
 }
 
 
@@ -72,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--heads", default="", help="head indices, comma separated (default all)")
         if name == "report":
             p.add_argument("--results", default=None, help="directory with results written by other subcommands")
+        if name == "lm-eval":
+            from gather_aggregate.lm_eval.schedule import add_arguments
+
+            add_arguments(p)
         if name == "demo":
             p.add_argument("--fast", action="store_true", help="fewer examples (for smoke tests)")
             p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",

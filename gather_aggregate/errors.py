@@ -55,3 +55,11 @@ class NonFiniteError(GAError, FloatingPointError):
 
 class ResumeMismatchError(GAError, ValueError):
     """A resume file belongs to a different model, task or configuration."""
+
+
+class GAWarning(UserWarning):
+    """Base class of every warning gather-aggregate emits."""
+
+
+class UnknownTokenWarning(GAWarning):
+    """A task's prompts tokenise to many unknown tokens: the model cannot read them, so its accuracy means little."""
