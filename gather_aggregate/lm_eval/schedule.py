@@ -200,7 +200,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     rows = run_table(lm, tasks, columns, include_path=include, formats=formats, limit=limit,
                      num_fewshot=args.num_fewshot)
     meta = {"model": args.model, "tasks": tasks, "formats": list(formats), "ablation": args.ablation,
-            "reference": args.reference if args.ablation != "zero" else None, "limit": args.limit,
+            "reference": args.reference if args.ablation != "zero" else None, "limit": limit,
             "ranking": format_heads(ranking), "include_path": include,
             "seconds": round(time.perf_counter() - t0, 2)}
     write_table(rows, out / "lm_eval.json", meta)
