@@ -71,12 +71,12 @@ def test_parse_heads_formats_and_errors():
 def test_unablated_equals_lm_eval_hf_model(lm):
     """Same checkpoint, same tasks: every response (log-likelihoods, generations, perplexities) equals --model hf."""
     tasks = ["ga_mmlu_letter", "ga_mmlu_content", "ga_kv", "ga_knowledge", "ga_facts_ppl", "ga_kv_gen"]
-    ours = _evaluate(lm, tasks, 6)
-    hf = _evaluate("hf", tasks, 6, model_args=f"pretrained={zoo_path(ZOO)},dtype=float32", device="cpu",
+    ours = _evaluate(lm, tasks, 4)
+    hf = _evaluate("hf", tasks, 4, model_args=f"pretrained={zoo_path(ZOO)},dtype=float32", device="cpu",
                    batch_size=8)
     for task in tasks:
         a, b = _responses(ours, task), _responses(hf, task)
-        assert len(a) == len(b) == 6
+        assert len(a) == len(b) == 4
         for ra, rb in zip(a, b, strict=True):
             if isinstance(ra[0], str):
                 assert ra == rb, task
@@ -87,8 +87,7 @@ def test_unablated_equals_lm_eval_hf_model(lm):
                 assert ours["results"][task][key] == pytest.approx(value, rel=1e-5), (task, key)
 
 
-@pytest.mark.parametrize("args", [{"ablate": "L0H2"}, {"ablate": "L0H2;L1H0", "method": "mean"},
-                                  {"ablate": "0.2", "method": "resample"},
+@pytest.mark.parametrize("args", [{"ablate": "L0H2;L1H0", "method": "mean"}, {"ablate": "0.2", "method": "resample"},
                                   {"keep": "L0H2;L1H0;L1H1;L1H2;L1H3", "prune": "3"}])
 def test_ablated_equals_project_evaluate(lm, args):
     """lm-eval accuracy under an intervention == the project's evaluate with the same hooks on the same prompts."""
@@ -96,16 +95,15 @@ def test_ablated_equals_project_evaluate(lm, args):
     from gather_aggregate.tasks import evaluate, get_task
 
     ablated = lm.with_intervention(Intervention.from_args(**args))  # keep-only + pruning: both in one run
-    res = _evaluate(ablated, ["ga_mmlu_letter", "ga_kv"], 12)
-    for task, name in (("ga_mmlu_letter", "letter-mc"), ("ga_kv", "kv")):
-        rows = json.loads((TASKS / f"{task}.json").read_text())[:12]
-        examples = get_task(name, model_dir=zoo_path(ZOO)).examples(lm.tokenizer, n=64, seed=0)[:12]
-        assert [r["prompt"] for r in rows] == [e.prompt for e in examples]  # the same prompts
-        ours = evaluate(lm.model, examples, fwd_hooks=ablated._hooks, progress=False)
-        assert res["results"][task]["acc,none"] == pytest.approx(ours.accuracy), (task, args)
-        for resp, ex in zip(_responses(res, task), ours.results, strict=True):
-            assert torch.allclose(torch.tensor(resp), torch.tensor(ex.logprobs), atol=1e-4), task
-    assert lm.model.module is not None and not list(_live_hooks(lm.model))
+    res = _evaluate(ablated, ["ga_kv"], 8)
+    rows = json.loads((TASKS / "ga_kv.json").read_text())[:8]
+    examples = get_task("kv", model_dir=zoo_path(ZOO)).examples(lm.tokenizer, n=64, seed=0)[:8]
+    assert [r["prompt"] for r in rows] == [e.prompt for e in examples]  # the same prompts
+    ours = evaluate(lm.model, examples, fwd_hooks=ablated._hooks, progress=False)
+    assert res["results"]["ga_kv"]["acc,none"] == pytest.approx(ours.accuracy), args
+    for resp, ex in zip(_responses(res, "ga_kv"), ours.results, strict=True):
+        assert torch.allclose(torch.tensor(resp), torch.tensor(ex.logprobs), atol=1e-4)
+    assert not list(_live_hooks(lm.model))
 
 
 def _live_hooks(model):
@@ -114,14 +112,23 @@ def _live_hooks(model):
     return range(count_hooks(model))
 
 
-def test_intervention_changes_the_answer(lm):
-    """The KV Gather head L0H2 (docs/results.md) takes letter-MC and KV down; knowledge stays."""
+def test_intervention_changes_the_answer_as_evaluate_does(lm):
+    """The KV Gather head L0H2 (docs/results.md) takes letter-MC and KV down, knowledge stays; equal to evaluate."""
     from gather_aggregate.lm_eval.intervention import Intervention
+    from gather_aggregate.tasks import evaluate, get_task
 
-    res = _evaluate(lm.with_intervention(Intervention.from_args(ablate="L0H2")),
-                    ["ga_mmlu_letter", "ga_kv", "ga_knowledge"], 24, log_samples=False)
+    ablated = lm.with_intervention(Intervention.from_args(ablate="L0H2"))
+    res = _evaluate(ablated, ["ga_mmlu_letter", "ga_kv", "ga_knowledge"], 24)
     acc = {t: res["results"][t]["acc,none"] for t in ("ga_mmlu_letter", "ga_kv", "ga_knowledge")}
     assert acc["ga_kv"] < 0.3 and acc["ga_mmlu_letter"] < 0.5 and acc["ga_knowledge"] > 0.9, acc
+    for task, name in (("ga_mmlu_letter", "letter-mc"), ("ga_knowledge", "knowledge")):
+        rows = json.loads((TASKS / f"{task}.json").read_text())[:24]
+        examples = get_task(name, model_dir=zoo_path(ZOO)).examples(lm.tokenizer, n=64, seed=0)[:24]
+        assert [r["prompt"] for r in rows] == [e.prompt for e in examples]
+        ours = evaluate(lm.model, examples, fwd_hooks=ablated._hooks, progress=False)
+        assert acc[task] == pytest.approx(ours.accuracy), task
+        for resp, ex in zip(_responses(res, task), ours.results, strict=True):
+            assert torch.allclose(torch.tensor(resp), torch.tensor(ex.logprobs), atol=1e-4), task
 
 
 class _Req:
@@ -147,8 +154,8 @@ def test_shared_context_takes_one_forward(lm):
     # a task of 4-way MC: one forward per question at batch size 1
     one = lm.with_intervention(lm.intervention)
     one.batch_size = 1
-    _evaluate(one, ["ga_mmlu_letter"], 6, log_samples=False)
-    assert one.n_forwards == 6 and one.n_rows == 6
+    _evaluate(one, ["ga_mmlu_letter"], 4, log_samples=False)
+    assert one.n_forwards == 4 and one.n_rows == 4
 
 
 def test_chat_format_needs_a_template(lm):
@@ -160,7 +167,7 @@ def test_chat_format_needs_a_template(lm):
     chat._chat_template = "default"
     text = chat.apply_chat_template([{"role": "user", "content": "Question: hi\nAnswer:"}])
     assert text == "User: Question: hi\nAnswer:\n\nAssistant:" and "capitalize" in DEFAULT_CHAT_TEMPLATE
-    res = _evaluate(chat, ["ga_mmlu_letter"], 8, apply_chat_template=True)
+    res = _evaluate(chat, ["ga_mmlu_letter"], 4, apply_chat_template=True)
     prompt = res["samples"]["ga_mmlu_letter"][0]["arguments"][0][0]
     assert prompt.startswith("User: Question: What is the color of") and prompt.endswith("\n\nAssistant:")
 
@@ -186,6 +193,7 @@ def test_registered_with_lm_eval():
     assert get_model("gather_aggregate") is cls and get_model("hf").__name__ == "HFLM"
 
 
+@pytest.mark.slow
 def test_lm_eval_cli_runs_our_model(tmp_path):
     """`python -m gather_aggregate.lm_eval` is lm-eval's CLI with --model gather_aggregate available."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -202,13 +210,13 @@ def test_gather_aggregate_lm_eval_command(tmp_path):
 
     out = tmp_path / "run"
     rc = main(["lm-eval", "--model", ZOO, "--tasks", "ga_mmlu_letter,ga_knowledge", "--heads", "L0H2;L1H0",
-               "--schedule", "0,2,5", "--prune", "3", "--limit", "6", "--formats", "completion,chat",
-               "--chat-template", "default", "--out", str(out)])
+               "--schedule", "0,2,5", "--limit", "6", "--formats", "completion,chat", "--chat-template", "default",
+               "--n", "8", "--out", str(out)])
     assert rc == 0
     data = json.loads((out / "lm_eval.json").read_text())
     rows = data["rows"]
-    assert {r["setting"] for r in rows} == {"0 heads", "2 heads", "prune L3"}  # 5 clipped to the 2 heads given
-    assert {r["format"] for r in rows} == {"completion", "chat"} and len(rows) == 2 * 2 * 3
+    assert {r["setting"] for r in rows} == {"0 heads", "2 heads"}  # 5 clipped to the 2 heads given
+    assert {r["format"] for r in rows} == {"completion", "chat"} and len(rows) == 2 * 2 * 2
     clean = [r for r in rows if r["setting"] == "0 heads"]
     assert all(r["rel_change"] == 0 for r in clean)
     assert (out / "lm_eval.csv").read_text().startswith("task,format,setting")
