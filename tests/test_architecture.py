@@ -25,7 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "tasks/models": ("tasks", "adapters", "loading", "bridge", "zoo", "testing"),
     "interventions": ("interventions", "layer_resume"),
     "analysis": ("scan", "patching", "detect", "experiments", "claims"),
-    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training"),
+    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training", "lm_eval"),
 }
 
 

@@ -35,7 +35,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -43,6 +43,9 @@ from torch import Tensor
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import METHODS, Replacement, ablation_hooks, group_by_layer, heads_except
 from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.protocol import HookedModel
 
 
 def reference_prompts(reference: str, model_dir: str | None, n: int, seed: int = 0) -> list[str]:
@@ -91,7 +94,7 @@ class PooledReplacement(Replacement):
         return ref[self.perm[pos].to(ref.device)].expand_as(like)
 
 
-def pooled_head_outputs(model: Any, prompts: Sequence[str], layers: Sequence[int]) -> dict[int, Tensor]:
+def pooled_head_outputs(model: HookedModel, prompts: Sequence[str], layers: Sequence[int]) -> dict[int, Tensor]:
     """Head outputs of ``layers`` at every position of every prompt, stacked: ``{layer: [n_pos, head, d_head]}``."""
     names = {model.head_hook(layer)[0]: layer for layer in layers}
     parts: dict[int, list[Tensor]] = {layer: [] for layer in layers}
@@ -133,13 +136,13 @@ class Intervention:
     def is_clean(self) -> bool:
         return not (self.ablate or self.keep or self.prune)
 
-    def removed_heads(self, model: Any) -> list[Head]:
+    def removed_heads(self, model: HookedModel) -> list[Head]:
         """The heads this intervention ablates on ``model`` (validated)."""
         if self.keep:
             return heads_except(model, self.keep)
         return model.check_head_set(self.ablate) if self.ablate else []
 
-    def hooks(self, model: Any, model_dir: str | None = None) -> list[tuple[str, Callable[..., Any]]]:
+    def hooks(self, model: HookedModel, model_dir: str | None = None) -> list[tuple[str, Callable[..., Any]]]:
         """Forward hooks implementing this intervention on ``model`` (reference outputs computed here, once)."""
         from gather_aggregate.experiments import skip_layer_hooks
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ def ranking_from(source: str) -> list[Head]:
     return parse_heads(source, "heads")
 
 
-def settings(ranking: list[Head], schedule: list[int], *, keep: list[Head] = (), prune: list[int] = (),
+def settings(ranking: list[Head], schedule: list[int], *, keep: Sequence[Head] = (), prune: Sequence[int] = (),
              method: str = "zero", reference: str = "kv", n_reference: int = 32,
              seed: int = 0) -> list[tuple[str, int | None, Intervention]]:
     """``(label, n_removed, intervention)`` for every column of the table (k clipped to the ranking, deduplicated)."""
