@@ -45,15 +45,15 @@ def bench(model_name: str, tasks: list[str], heads: str, method: str, limit: int
     import torch
     from lm_eval.models.huggingface import HFLM
 
-    from gather_aggregate.lm_eval import resolve_pretrained
     from gather_aggregate.lm_eval.export import export_tasks
     from gather_aggregate.lm_eval.intervention import Intervention
     from gather_aggregate.lm_eval.model import GatherAggregateLM
     from gather_aggregate.lm_eval.schedule import primary_metric
     from gather_aggregate.tasks import evaluate, get_task
+    from gather_aggregate.zoo import resolve_model_path
 
     torch.set_num_threads(1)
-    model_dir = resolve_pretrained(model_name)
+    model_dir = resolve_model_path(model_name)
     include = tempfile.mkdtemp(prefix="ga_lmeval_tasks_")
     written = export_tasks(model_dir, include, n=max(limit, 64))
     tasks = [t for t in tasks if t in written]

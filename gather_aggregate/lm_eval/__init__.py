@@ -34,14 +34,6 @@ def require_lm_eval() -> None:
                          "(or pip install lm-eval==0.4.13)") from None
 
 
-def resolve_pretrained(name: str) -> str:
-    """A shipped zoo name (``llama-kvmc``) or a directory / hub name, unchanged."""
-    from gather_aggregate.zoo import list_zoo
-
-    path = list_zoo().get(str(name))
-    return str(path) if path is not None else str(name)
-
-
 def register() -> type:
     """Register ``gather_aggregate`` with lm-eval's model registry; returns the model class."""
     require_lm_eval()

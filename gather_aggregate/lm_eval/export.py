@@ -185,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    from gather_aggregate.lm_eval import resolve_pretrained
+    from gather_aggregate.zoo import resolve_model_path
 
-    names = export_tasks(resolve_pretrained(args.model_dir), args.out, n=args.n, seed=args.seed)
+    names = export_tasks(resolve_model_path(args.model_dir), args.out, n=args.n, seed=args.seed)
     print(f"wrote {', '.join(names)} -> {args.out}")
     return 0
 

@@ -47,8 +47,8 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.lm_eval import resolve_pretrained
 from gather_aggregate.lm_eval.intervention import Intervention
+from gather_aggregate.zoo import resolve_model_path
 
 #: ``chat_template=default``: each message as ``Role: content`` followed by a blank line, then ``Assistant:``
 DEFAULT_CHAT_TEMPLATE = (
@@ -87,7 +87,7 @@ class GatherAggregateLM(TemplateLM):
         if model is None:
             from gather_aggregate.loading import load_model
 
-            pretrained = resolve_pretrained(str(pretrained))
+            pretrained = resolve_model_path(str(pretrained))
             extra = {} if head_size is None else {"head_size": int(head_size)}
             model = load_model(pretrained, device=_device(device), dtype=dtype, **extra)
         self.model = model

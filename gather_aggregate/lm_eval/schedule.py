@@ -166,7 +166,8 @@ def report_sections(data: dict[str, Any]) -> list[Any]:
 def cmd_lm_eval(args: argparse.Namespace) -> int:
     """``gather-aggregate lm-eval``."""
     from gather_aggregate.io import atomic_write_text, write_table
-    from gather_aggregate.lm_eval import register, resolve_pretrained
+    from gather_aggregate.lm_eval import register
+    from gather_aggregate.zoo import resolve_model_path
 
     register()
     from gather_aggregate.lm_eval.model import GatherAggregateLM
@@ -174,7 +175,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     if args.model is None:
         raise InputError("no --model given; pass a zoo name (e.g. llama-kvmc) or a model directory")
     out = Path(args.out or "ga_out/lm_eval")
-    model_dir = resolve_pretrained(args.model)
+    model_dir = resolve_model_path(args.model)
     tasks = [t for t in (args.tasks or "").split(",") if t]
     if not tasks:
         raise InputError("no --tasks given; e.g. --tasks ga_mmlu_letter,ga_kv,ga_knowledge (the model's own "
