@@ -9,7 +9,7 @@
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= dev,train,ray,accelerate
+EXTRAS     ?= dev,train,ray,accelerate,lmeval
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.ga-installed
 PYTEST_ARGS ?=

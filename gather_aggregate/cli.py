@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "zoo": ("gather_aggregate.workflows:run_zoo", "toy-zoo utilities: `zoo train`, `zoo list`"),
     "memory": ("gather_aggregate.hybridise.memory_cli:cmd_memory",
                "KV-cache vs SSM-state bytes per model (and its head-level hybrids) at several prompt lengths"),
+    "lm-eval": ("gather_aggregate.lm_eval.schedule:cmd_lm_eval",
+                "lm-evaluation-harness tasks x heads removed (needs the lmeval extra)"),
 }
 
 
@@ -80,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
             from gather_aggregate.hybridise.memory_cli import add_memory_args
 
             add_memory_args(p)
+        if name == "lm-eval":
+            from gather_aggregate.lm_eval.schedule import add_arguments
+
+            add_arguments(p)
         if name == "demo":
             p.add_argument("--fast", action="store_true", help="fewer examples (for smoke tests)")
             p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",

@@ -59,3 +59,11 @@ class ResumeMismatchError(GAError, ValueError):
 
 class ClusterUnreachableError(GAError, ConnectionError):
     """A distributed job could not reach its cluster (e.g. no Ray head at the given address)."""
+
+
+class GAWarning(UserWarning):
+    """Base class of every warning gather-aggregate emits."""
+
+
+class UnknownTokenWarning(GAWarning):
+    """A task's prompts tokenise to many unknown tokens: the model cannot read them, so its accuracy means little."""

@@ -1,7 +1,7 @@
 """``gather-aggregate report``: one HTML report from the JSON files other subcommands wrote.
 
 Reads whatever is present in a results directory — ``eval.json``, ``scan.json``,
-``detect.json``, ``ablate.json``, ``pattern.json``, ``summary.json`` — and turns
+``detect.json``, ``ablate.json``, ``pattern.json``, ``lm_eval.json``, ``summary.json`` — and turns
 each into report sections.  Unknown files are ignored.
 """
 
@@ -57,6 +57,11 @@ def build_report_from_dir(results: Path, out: Path) -> Path:
             found.append(f)
             sections.append(KeyValues({"heads": str(data.get("heads")), "clean": str(data.get("clean")),
                                        "ablated": str(data.get("ablated"))}, title="Ablation"))
+        elif name == "lm_eval" and "rows" in data:
+            from gather_aggregate.lm_eval.schedule import report_sections
+
+            found.append(f)
+            sections.extend(report_sections(data))
         elif name == "pattern":
             found.append(f)
             pat = torch.tensor(data["pattern"])

@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                  "detect_evidence", "detect_causal", "detect_rules", "experiments", "claims", "hybridise.choose",
                  "hybridise.distill"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training",
-                   "hybridise"),  # the rest of hybridise: its facade, experiment.py, memory_cli.py
+                   "hybridise", "lm_eval"),  # the rest of hybridise: its facade, experiment.py, memory_cli.py
 }
 
 

@@ -215,11 +215,16 @@ def evaluate(
     ablation), and builds the task's prompts when a task is passed (with
     ``n`` prompts).  Deterministic: the same inputs give the same result.
     ``fast_single_token=False`` scores single-token candidates by batched
-    continuations too (for checks and benchmarks).
+    continuations too (for checks and benchmarks).  Prompts that tokenise to
+    more than 5% unknown tokens raise an ``UnknownTokenWarning``.
     """
     if batch_size < 1:
         raise InputError(f"batch_size={batch_size}: use a positive batch size")
     exs = _resolve_examples(model, examples, n, seed)
+    from gather_aggregate.tasks.unknown import warn_if_unknown
+
+    warn_if_unknown(str(exs[0].meta.get("task", "examples")), (e.input_ids for e in exs),
+                    getattr(model, "tokenizer", None))
     longest = max(max(len(c) for c in e.candidate_ids) for e in exs)
     check_context(exs, getattr(model, "n_ctx", None), extra=longest - 1)
     pad = pad_id_of(getattr(model, "tokenizer", None))

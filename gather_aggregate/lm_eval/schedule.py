@@ -1,0 +1,236 @@
+"""``gather-aggregate lm-eval``: the paper's benchmark tables, tasks x heads removed, through lm-evaluation-harness.
+
+A *setting* is one intervention: the top ``k`` heads of a ranking removed
+(``k`` in the schedule, default 0, 10, 20, 30, clipped to the ranking), every
+head but a kept set removed (``--keep``), or layers pruned (``--prune``).
+Each task runs in each *format*: ``completion`` (the task's own prompt) and,
+with ``--formats completion,chat``, ``chat`` (the same prompt through the
+model's chat template, lm-eval's ``apply_chat_template``; the paper's ARC chat
+vs regular table).  The table has one row per (task, format, setting):
+
+    value  = the task's primary metric (acc, exact_match, word_perplexity ...)
+    rel    = (value - value_clean) / value_clean     (``None`` when value_clean = 0)
+
+written as ``lm_eval.json`` + ``lm_eval.csv`` (atomic) and, wide, as
+``lm_eval.md`` (tasks x settings, value and relative change).  The model is
+loaded once; each setting swaps only the hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.lm_eval.intervention import Intervention
+
+PRIMARY = ("acc", "exact_match", "word_perplexity", "acc_norm")
+SKIP_KEYS = ("alias", "name", "sample_len", "samples")
+
+
+def ranking_from(source: str) -> list[Head]:
+    """Heads in removal order from a scan JSON (``{"rows": [{"rank", "layer", "head"}, ...]}``) or a list string."""
+    path = Path(source)
+    if path.suffix.lower() == ".json" or path.is_file():
+        if not path.is_file():
+            raise InputError(f"no scan file at {path}; run `gather-aggregate scan --out DIR` first or pass --heads")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path} is not valid JSON ({err}); rerun the scan") from None
+        rows = data.get("rows") if isinstance(data, dict) else data
+        if not rows or not all(isinstance(r, dict) and "layer" in r and "head" in r for r in rows):
+            raise InputError(f"{path} has no rows with 'layer' and 'head'; pass a scan.json written by "
+                             "`gather-aggregate scan`")
+        rows = sorted(rows, key=lambda r: r.get("rank", 0))
+        return [(int(r["layer"]), int(r["head"])) for r in rows]
+    return parse_heads(source, "heads")
+
+
+def settings(ranking: list[Head], schedule: list[int], *, keep: Sequence[Head] = (), prune: Sequence[int] = (),
+             method: str = "zero", reference: str = "kv", n_reference: int = 32,
+             seed: int = 0) -> list[tuple[str, int | None, Intervention]]:
+    """``(label, n_removed, intervention)`` for every column of the table (k clipped to the ranking, deduplicated)."""
+    from gather_aggregate.lm_eval.intervention import Intervention
+
+    out: list[tuple[str, int | None, Intervention]] = []
+    seen: set[int] = set()
+    for k in schedule:
+        if k < 0:
+            raise InputError(f"schedule entry {k}: remove 0 or more heads")
+        k = min(k, len(ranking))
+        if k in seen:
+            continue
+        seen.add(k)
+        heads = ranking[:k]
+        out.append((f"{k} heads", k, Intervention(list(heads), [], [], method, reference, n_reference, seed)))
+    if keep:
+        out.append((f"keep {format_heads(keep)}", None, Intervention([], list(keep), [], method, reference,
+                                                                       n_reference, seed)))
+    if prune:
+        out.append(("prune " + ";".join(f"L{la}" for la in prune), None,
+                    Intervention([], [], list(prune), method, reference, n_reference, seed)))
+    if not out:
+        raise InputError("nothing to run: give a schedule (e.g. --schedule 0,10,20,30), --keep or --prune")
+    return out
+
+
+def primary_metric(result: dict[str, Any]) -> tuple[str, float]:
+    """The task's headline metric from an lm-eval result dict (``acc,none`` ...)."""
+    metrics = {k: v for k, v in result.items() if "," in k and "_stderr" not in k and k.split(",")[0] not in SKIP_KEYS}
+    for name in PRIMARY:
+        for key, value in metrics.items():
+            if key.split(",")[0] == name:
+                return key, float(value)
+    if not metrics:
+        raise InputError(f"lm-eval returned no metric for task {result.get('alias')!r}")
+    key = next(iter(metrics))
+    return key, float(metrics[key])
+
+
+def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, Intervention]], *,
+              include_path: str | None = None, formats: tuple[str, ...] = ("completion",),
+              limit: int | float | None = None, num_fewshot: int | None = None) -> list[dict[str, Any]]:
+    """Evaluate ``tasks`` in every format under every setting; long rows with the relative change."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    bad = [f for f in formats if f not in ("completion", "chat")]
+    if bad:
+        raise InputError(f"unknown format(s) {bad}; use completion and/or chat")
+    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    rows: list[dict[str, Any]] = []
+    for label, k, intervention in columns:
+        model = lm.with_intervention(intervention)
+        for fmt in formats:
+            t0 = time.perf_counter()
+            res = lm_eval.simple_evaluate(model=model, tasks=list(tasks), task_manager=manager, limit=limit,
+                                          num_fewshot=num_fewshot, apply_chat_template=fmt == "chat",
+                                          fewshot_as_multiturn=fmt == "chat" and bool(num_fewshot),
+                                          bootstrap_iters=0, log_samples=False, verbosity="ERROR")
+            seconds = time.perf_counter() - t0
+            for task in tasks:
+                if task not in res["results"]:
+                    continue
+                metric, value = primary_metric(res["results"][task])
+                rows.append({"task": task, "format": fmt, "setting": label, "n_removed": k,
+                             "heads": format_heads(intervention.removed_heads(lm.model)) if k else "",
+                             "metric": metric, "value": value, "n": res.get("n-samples", {}).get(task, {})
+                             .get("effective"), "seconds": round(seconds, 3)})
+    clean: dict[tuple[str, str], float] = {}
+    for r in rows:
+        clean.setdefault((r["task"], r["format"]), r["value"])
+    for r in rows:
+        v0 = clean[(r["task"], r["format"])]
+        r["rel_change"] = (r["value"] - v0) / v0 if v0 else None
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Wide table: one line per (task, format), one column per setting (``value (rel %)``)."""
+    labels = list(dict.fromkeys(r["setting"] for r in rows))
+    keys = list(dict.fromkeys((r["task"], r["format"], r["metric"]) for r in rows))
+    cell = {(r["task"], r["format"], r["setting"]): r for r in rows}
+    lines = ["| task | format | metric | " + " | ".join(labels) + " |", "|---" * (3 + len(labels)) + "|"]
+    for task, fmt, metric in keys:
+        parts = []
+        for label in labels:
+            r = cell.get((task, fmt, label))
+            if r is None:
+                parts.append("")
+                continue
+            rel = r["rel_change"]
+            rel_txt = "" if rel is None or label == labels[0] else f" ({rel:+.0%})"
+            parts.append(f"{r['value']:.3g}{rel_txt}")
+        lines.append(f"| {task} | {fmt} | {metric.split(',')[0]} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report_sections(data: dict[str, Any]) -> list[Any]:
+    """Report sections for a written ``lm_eval.json``: the wide table and the run's settings."""
+    from gather_aggregate.report import KeyValues, Markdown
+
+    rows = data.get("rows", [])
+    meta = data.get("meta", {})
+    return [Markdown(markdown_table(rows), title="lm-eval: tasks x heads removed"),
+            KeyValues({k: str(v) for k, v in meta.items()}, title="lm-eval settings")]
+
+
+def cmd_lm_eval(args: argparse.Namespace) -> int:
+    """``gather-aggregate lm-eval``."""
+    from gather_aggregate.io import atomic_write_text, write_table
+    from gather_aggregate.lm_eval import register
+    from gather_aggregate.zoo import resolve_model_path
+
+    register()
+    from gather_aggregate.lm_eval.model import GatherAggregateLM
+
+    if args.model is None:
+        raise InputError("no --model given; pass a zoo name (e.g. llama-kvmc) or a model directory")
+    out = Path(args.out or "ga_out/lm_eval")
+    model_dir = resolve_model_path(args.model)
+    tasks = [t for t in (args.tasks or "").split(",") if t]
+    if not tasks:
+        raise InputError("no --tasks given; e.g. --tasks ga_mmlu_letter,ga_kv,ga_knowledge (the model's own "
+                         "vocabulary, written for it) or lm-eval names such as mmlu,arc_challenge")
+    include = args.include_path
+    if include is None and any(t.startswith("ga_") for t in tasks):
+        from gather_aggregate.lm_eval.export import export_tasks
+
+        include = str(out / "tasks")
+        export_tasks(model_dir, include, n=args.n, seed=args.seed)
+    ranking = ranking_from(args.ranking) if args.ranking else parse_heads(args.heads, "heads")
+    if args.schedule:
+        schedule = [int(x) for x in args.schedule.split(",") if x.strip()]
+    else:
+        schedule = [0, 10, 20, 30] if args.ranking else [0, len(ranking)]
+    lm = GatherAggregateLM(pretrained=model_dir, device=args.device, batch_size=args.batch_size,
+                           chat_template=args.chat_template)
+    ranking = lm.model.check_head_set(ranking) if ranking else []
+    columns = settings(ranking, schedule, keep=parse_heads(args.keep, "keep"), prune=parse_layers(args.prune),
+                       method=args.ablation, reference=args.reference, n_reference=args.n_reference, seed=args.seed)
+    formats = tuple(f for f in args.formats.split(",") if f)
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    t0 = time.perf_counter()
+    rows = run_table(lm, tasks, columns, include_path=include, formats=formats, limit=limit,
+                     num_fewshot=args.num_fewshot)
+    meta = {"model": args.model, "tasks": tasks, "formats": list(formats), "ablation": args.ablation,
+            "reference": args.reference if args.ablation != "zero" else None, "limit": limit,
+            "ranking": format_heads(ranking), "include_path": include,
+            "seconds": round(time.perf_counter() - t0, 2)}
+    write_table(rows, out / "lm_eval.json", meta)
+    table = markdown_table(rows)
+    atomic_write_text(out / "lm_eval.md", table)
+    print(table, end="")
+    print(f"-> {out}/lm_eval.json, lm_eval.csv, lm_eval.md")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``lm-eval`` subcommand's own options (``--model``, ``--n``, ``--seed``, ``--out`` are common)."""
+    p.add_argument("--tasks", default="ga_mmlu_letter,ga_mmlu_content,ga_kv,ga_knowledge",
+                   help="lm-eval task names, comma separated; ga_* tasks are written in the model's own "
+                        "vocabulary into OUT/tasks unless --include-path is given")
+    p.add_argument("--include-path", default=None, help="folder of extra lm-eval task YAMLs")
+    p.add_argument("--ranking", default=None, help="scan.json whose ranked heads are removed in order")
+    p.add_argument("--heads", default="", help="heads in removal order, e.g. L16H22;L17H24 (instead of --ranking)")
+    p.add_argument("--schedule", default=None, help="numbers of heads removed, e.g. 0,10,20,30")
+    p.add_argument("--keep", default="", help="also a keep-only column: every head but these removed")
+    p.add_argument("--prune", default="", help="also a pruned-layers column, e.g. 3;2")
+    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero")
+    p.add_argument("--reference", default="kv", help="reference prompts for mean/resample: a task name or a file")
+    p.add_argument("--n-reference", type=int, default=32, help="number of reference prompts")
+    p.add_argument("--formats", default="completion", help="completion and/or chat, comma separated")
+    p.add_argument("--chat-template", default=None,
+                   help="chat template for --formats chat: the tokenizer's own (default), 'default' for the "
+                        "built-in 'Role: content' template, or a Jinja string")
+    p.add_argument("--limit", type=float, default=None, help="examples per task (lm-eval's --limit)")
+    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=16)
