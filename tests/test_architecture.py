@@ -22,7 +22,7 @@ MAX_LINES = 500
 #: Names are module paths below ``gather_aggregate`` (a package name covers every module in it).
 LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("_lazy", "errors", "io", "protocol", "readout", "metrics"),
-    "tasks/models": ("tasks", "adapters", "loading", "bridge", "zoo", "testing"),
+    "tasks/models": ("tasks", "adapters", "loading", "support", "bridge", "zoo", "testing"),
     "interventions": ("interventions", "layer_resume"),
     "analysis": ("scan", "patching", "detect", "experiments", "claims"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training"),
