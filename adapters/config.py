@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 from gather_aggregate.errors import InputError, UnsupportedModelError
 
-Family = Literal["mamba1", "mamba2"]
+Family = Literal["mamba1", "mamba2", "discrete_mamba2"]
 
 #: HF ``model_type`` -> family.  ``load_ssm`` serves exactly these.
-FAMILY_OF_MODEL_TYPE: dict[str, Family] = {"mamba": "mamba1", "falcon_mamba": "mamba1", "mamba2": "mamba2"}
+FAMILY_OF_MODEL_TYPE: dict[str, Family] = {"mamba": "mamba1", "falcon_mamba": "mamba1", "mamba2": "mamba2",
+                                            "llamba": "discrete_mamba2"}  # Llamba: see adapters/llamba.py
 
 _SUPPORTED_ACTS = ("silu", "swish")
 
@@ -83,7 +84,7 @@ class SSMConfig:
                 f"head_size {self.d_head} does not divide d_inner={self.d_inner}; pick a divisor of "
                 f"{self.d_inner}, e.g. {', '.join(str(d) for d in _divisors(self.d_inner)[:8])}"
             )
-        if self.family == "mamba2":
+        if self.family in ("mamba2", "discrete_mamba2"):
             if self.n_heads * self.d_head != self.d_inner:
                 raise InputError(
                     f"Mamba-2 config is inconsistent: num_heads*head_dim = {self.n_heads}*{self.d_head} "
@@ -123,6 +124,11 @@ def config_from_hf(hf_config: Any, *, head_size: int | None = None) -> SSMConfig
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not a Mamba model; the SSM adapters serve "
             f"{', '.join(FAMILY_OF_MODEL_TYPE)}"
+        )
+    if family == "discrete_mamba2":
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} has no transformers config class; load its checkpoint directory with "
+            "gather_aggregate.load_model(dir) (or gather_aggregate.adapters.llamba.load_llamba)"
         )
     g = hf_config.__getattribute__
     d_model = int(g("hidden_size"))
@@ -165,7 +171,8 @@ def config_from_hf(hf_config: Any, *, head_size: int | None = None) -> SSMConfig
 
 def is_mamba_ssm_config(raw: dict[str, Any]) -> bool:
     """True for the original mamba-ssm ``config.json`` (``MambaConfig`` of ``mamba_ssm.models``)."""
-    return isinstance(raw, dict) and "model_type" not in raw and "d_model" in raw and "n_layer" in raw
+    return (isinstance(raw, dict) and "model_type" not in raw and "d_model" in raw and "n_layer" in raw
+            and "n_qk_heads" not in (raw.get("ssm_cfg") or {}))  # that is Llamba's discrete Mamba-2
 
 
 def config_from_mamba_ssm(raw: dict[str, Any], state_dict_shapes: dict[str, tuple[int, ...]] | None = None,

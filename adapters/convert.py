@@ -159,6 +159,11 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
             convention); must divide ``d_inner``.
     """
     from gather_aggregate.adapters.hybrid_convert import hybrid_model_type, load_hybrid
+    from gather_aggregate.adapters.llamba import is_llamba_dir, load_llamba
+
+    if is_llamba_dir(path_or_hf_model):
+        return load_llamba(path_or_hf_model, device=device, dtype=dtype,
+                           **({} if head_size is None else {"head_size": head_size}))
 
     if hybrid_model_type(path_or_hf_model, config) is not None:  # attention + SSM layers: HookedHybrid
         extra = {} if head_size is None else {"head_size": head_size}

@@ -94,9 +94,8 @@ def convert_state_dict(state_dict: dict[str, Tensor], model: HookedHybrid) -> di
         raise CheckpointError(
             f"checkpoint does not match its {cfg.model_type} config ({cfg.n_layers} layers, layout "
             f"{cfg.layout}, d_model={cfg.d_model}): "
-            + key_problems(missing, shaped, sorted(unexpected)) + ". Check that config.json belongs to these weights (attn_layer_indices / "
-            "attn_layer_period, num_experts, layers_block_type, num_mem_blocks, use_shared_attention_adapter, "
-            "adapter_rank, tie_word_embeddings, hidden sizes)."
+            + key_problems(missing, shaped, sorted(unexpected)) + ". Check that config.json belongs to these weights "
+            f"({family.config_fields})."
         )
     return out
 

@@ -108,7 +108,7 @@ def mamba2_implied_attention(
 
 def mamba2_masked_output(y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, A: Tensor, d_head: int,
                          heads: list[int], masks: Float[Tensor, "batch n_heads query key"],
-                         max_bytes: int) -> Float[Tensor, "batch pos d_inner"]:
+                         max_bytes: int, dt_scaling: bool = True) -> Float[Tensor, "batch pos d_inner"]:
     """``y`` with Mamba-2 heads ``heads`` replaced by ``(α_h ⊙ M_h) @ x_h + D_h ∘ x_h``.
 
     Computed as ``y_h - (α_h ⊙ (1 - M_h)) @ x_h``: the same quantity (because
@@ -119,7 +119,7 @@ def mamba2_masked_output(y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor,
     out = y.clone()
     removed = 1.0 - masks
     n_heads = A.shape[0]
-    alpha = mamba2_implied_attention(dt, A, B, C, heads=heads, max_bytes=max_bytes)
+    alpha = mamba2_implied_attention(dt, A, B, C, heads=heads, max_bytes=max_bytes, dt_scaling=dt_scaling)
     xh = x.float().view(b, L, n_heads, d_head)[:, :, heads]  # [b, L, k, P]
     cut = torch.einsum("bkts,bskp->btkp", alpha * removed, xh)
     for j, h in enumerate(heads):

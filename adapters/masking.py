@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gather_aggregate.adapters.mixers import SSMMixer
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import HookedModel
 
@@ -106,6 +107,9 @@ def mask_heads(model: HookedModel, heads: Sequence[tuple[int, int]], mask: Tenso
         if kind == "attn":
             fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", _attn_hook(m, hs, idx)))
         else:
+            if not isinstance(model.ssm_mixer(layer), SSMMixer):
+                raise InputError(f"layer {layer} of {type(model).__name__} is a recurrent layer without Mamba-style "
+                                 "masking (e.g. gated DeltaNet); mask_heads serves attention and Mamba heads")
             store: dict[str, Tensor] = {}
             prefix = f"blocks.{layer}.ssm."
             for name in ("hook_x", "hook_dt", "hook_B", "hook_C"):

@@ -77,8 +77,11 @@ class BridgeModel(ProtocolMixin):
     def from_hf(cls, hf_model: torch.nn.Module, tokenizer: Any = None, *, copy_model: bool = True,
                 name: str | None = None) -> BridgeModel:
         """Wrap an in-memory HF causal LM.  The user's model is deep-copied first (the bridge edits its module tree)."""
+        from gather_aggregate.support import refuse_unservable
+
         config = hf_model.config
         archs = list(getattr(config, "architectures", None) or [type(hf_model).__name__])
+        refuse_unservable(config, archs)
         supported = set(supported_architectures())
         arch = next((a for a in archs if a in supported), None)
         if arch is None:

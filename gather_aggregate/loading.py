@@ -99,6 +99,14 @@ def _is_mamba_ssm_checkpoint(name_or_path: Any) -> bool:
     return is_mamba_ssm_dir(Path(name_or_path))
 
 
+def _is_llamba_checkpoint(name_or_path: Any) -> bool:
+    if not isinstance(name_or_path, (str, os.PathLike)) or not Path(name_or_path).is_dir():
+        return False
+    from gather_aggregate.adapters.llamba import is_llamba_dir
+
+    return is_llamba_dir(Path(name_or_path))
+
+
 def _optional_tokenizer(source: str) -> Any:
     """The directory's tokenizer when it ships one; mamba-ssm checkpoints usually do not (GPT-NeoX's is used)."""
     if not any((Path(source) / f).is_file() for f in _TOKENIZER_FILES):
@@ -121,15 +129,23 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
         tokenizer: use this tokenizer instead of the one saved with the model.
         **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
     """
-    model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, **kwargs)
+    model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, device_map=device_map,
+                        **kwargs)
     # how to load it again, for workers of a distributed job (gather_aggregate.distributed.model_loader)
-    spec = {"device": device, "dtype": dtype, **kwargs, **({} if tokenizer is None else {"tokenizer": tokenizer})}
+    spec = {"device": device, "dtype": dtype, **kwargs, **({} if tokenizer is None else {"tokenizer": tokenizer}),
+            **({} if device_map is None else {"device_map": device_map})}
     model.ga_load_spec = (str(name_or_path), spec)
     return model
 
 
 def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None,
-                tokenizer: Any = None, **kwargs: Any) -> Any:
+                tokenizer: Any = None, device_map: Any = None, **kwargs: Any) -> Any:
+    if _is_llamba_checkpoint(name_or_path):  # Cartesia's layout: transformers has no "llamba" config class
+        from gather_aggregate.adapters.llamba import load_llamba
+
+        model = load_llamba(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs)
+        model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
+        return model
     if _is_mamba_ssm_checkpoint(name_or_path):  # original mamba-ssm layout: config.json has no model_type
         from gather_aggregate.adapters import load_ssm
 
@@ -159,8 +175,10 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         raise UnsupportedModelError(f"options {sorted(kwargs)} apply only to SSM/hybrid models, not {model_type!r}")
 
     from gather_aggregate.bridge import BridgeModel, supported_architectures
+    from gather_aggregate.support import refuse_unservable
 
     archs = list(getattr(config, "architectures", None) or [])
+    refuse_unservable(config, archs)
     if not any(a in supported_architectures() for a in archs):
         raise UnsupportedModelError(_unsupported_message(model_type, archs))
     from transformers import AutoModelForCausalLM

@@ -22,7 +22,7 @@ def toks(vocab=97, L=19):
 
 
 def test_model_types():
-    assert SSM_MODEL_TYPES == ("mamba", "falcon_mamba", "mamba2")
+    assert SSM_MODEL_TYPES == ("mamba", "falcon_mamba", "mamba2", "llamba")
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "mamba2"])

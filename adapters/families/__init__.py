@@ -25,9 +25,12 @@ HYBRID_FAMILIES: dict[str, str] = {
     "bamba": "gather_aggregate.adapters.families.bamba",
     "jamba": "gather_aggregate.adapters.families.jamba",
     "zamba2": "gather_aggregate.adapters.families.zamba2",
+    "qwen3_next": "gather_aggregate.adapters.families.qwen3_next",
+    "granitemoehybrid": "gather_aggregate.adapters.families.granitemoehybrid",
+    "nemotron_h": "gather_aggregate.adapters.families.nemotron_h",
 }
 #: Hybrids we know of but do not serve yet (named in the error message).
-KNOWN_UNSUPPORTED: tuple[str, ...] = ("zamba", "nemotron_h", "falcon_h1", "granitemoehybrid", "lfm2")
+KNOWN_UNSUPPORTED: tuple[str, ...] = ("zamba", "falcon_h1", "lfm2")
 
 
 def _unchanged(state_dict: dict[str, Any], cfg: Any) -> dict[str, Any]:
@@ -42,7 +45,8 @@ class HybridFamily:
     * ``model_class``: a :class:`~..hybrid.HookedHybrid` (sub)class, built as ``model_class(cfg)``;
     * ``checkpoint_key(our_name, cfg) -> checkpoint key`` for each of our parameters;
     * ``prepare_state_dict(state_dict, cfg)``: the checkpoint brought to the key layout ``checkpoint_key``
-      names (e.g. per-expert tensors fused, tied copies folded); the identity by default.
+      names (e.g. per-expert tensors fused, tied copies folded); the identity by default;
+    * ``config_fields``: the config fields to check when the checkpoint's keys do not match.
     """
 
     model_type: str
@@ -50,6 +54,9 @@ class HybridFamily:
     model_class: type
     checkpoint_key: Callable[[str, Any], str]
     prepare_state_dict: Callable[[dict[str, Any], Any], dict[str, Any]] = _unchanged
+    #: the config fields a key mismatch most likely comes from (named in the error message)
+    config_fields: str = ("attn_layer_indices / attn_layer_period, num_experts, layers_block_type, num_mem_blocks, "
+                          "use_shared_attention_adapter, adapter_rank, tie_word_embeddings, hidden sizes")
 
 
 def get_family(model_type: str) -> HybridFamily:
