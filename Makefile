@@ -19,7 +19,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-all bench lint clean
+.PHONY: setup browser-deps demo test test-all bench lint clean
 
 setup: $(STAMP)
 
@@ -31,20 +31,23 @@ $(STAMP): $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null && echo "torch already present: $$($(PY) -c 'import torch; print(torch.__version__)')" \
 	  || $(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
-	@bash scripts/ensure_system_deps.sh
 	@touch $(STAMP)
 
 demo: setup
 	$(VENV)/bin/gather-aggregate demo --out ga_out/demo
 
+# Only the tests need a browser: the HTML-report test drives headless Chromium (the demo does not).
+browser-deps:
+	@bash scripts/ensure_system_deps.sh
+
 # Lint and type-check first: a broken contract (HookedModel, Task) fails here, not in a user's notebook.
-test: setup
+test: setup browser-deps
 	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Everything, slow tests and notebooks included (not in CI's time budget).
-test-all: setup
+test-all: setup browser-deps
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 bench: setup
