@@ -90,7 +90,8 @@ def run_scan(args: argparse.Namespace) -> int:
                             out=out / "scan.json", resume=args.resume)
     else:
         result = atp_scan(model, tokens, metric, method=args.ablation, reference=reference)
-        result.save(out / "scan.json")
+    result.meta.update(model_name=args.model, task_name=args.task)
+    result.save(out / "scan.json")
     print(f"{args.mode} scan of {len(result.rows)} heads on {args.task} in {time.perf_counter() - t0:.1f} s "
           f"(clean metric {result.meta['metric_clean']:.4f}) -> {out}/scan.json, scan.csv")
     _print_rows(result.rows[:10], ["rank", "layer", "head", "kind", "score"])
@@ -111,7 +112,7 @@ def run_detect(args: argparse.Namespace) -> int:
         tokens, metric = task_metric(model, examples)
         scan = exact_scan(model, tokens, metric, out=scan_file)
     ga = find_ga_heads(model, examples, scan, z=args.z, reading=args.reading)
-    write_table(ga.table, out / "detect.json", ga.summary())
+    write_table(ga.table, out / "detect.json", {**ga.summary(), "model_name": args.model, "task_name": args.task})
     print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
     print(f"read by: {ga.reading['gather']} / {ga.reading['aggregate']}; evidence: "
           + (", ".join(f"L{la}H{h} {ev}" for (la, h), ev in ga.evidence.items()) or "none"))

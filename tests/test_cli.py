@@ -49,7 +49,12 @@ def test_detect_and_ablate_and_pattern(results):
 def test_report_from_results(results):
     assert main(["report", "--results", str(results), "--out", str(results)]) == 0
     html = (results / "report.html").read_text()
-    assert "Head scan" in html and "Gather / Aggregate scores" in html and "<script" in html
+    assert "head scan" in html and "Gather / Aggregate scores" in html and "<script" in html
+    # issue 25: results say which model they are from, heads read L0H2, no Python reprs
+    model = os.path.basename(json.loads((results / "eval" / "eval.json").read_text())["model"])
+    assert f"{model}: head scan" in html and f"{model}: kv accuracy" in html and "L1H0, L1H2" in html
+    text = re.sub(r"<script.*?</script>", "", html, flags=re.S)
+    assert not re.search(r"\[\[\d|\(\d+, \d+\)|\{'|\{\}", text)
     assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?:", html)  # JS inlined, nothing fetched
 
 
@@ -99,7 +104,13 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     assert {tuple(hd) for hd in ga["gather"] + ga["aggregate"]} == set(why) and set(why.values()) <= {"alone", "joint"}
     assert all(g[0] < a[0] for g, a in ga["pairs"])
     html = (tmp_path / "report.html").read_text()
-    assert "G→A pairs" in html
+    assert f"{name}: the circuit" in html and "ga-circuit" in html
     assert "<html" in html.lower() and name in html and '<script src="http' not in html  # self-contained
     assert (tmp_path / f"scan_{name}.json").is_file()
-    assert "accuracy (chance" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "accuracy on 24 prompts per task (seed 0)" in printed
+    # the console tables fit their columns: every row of a table is as wide as its header or narrower
+    acc = printed.split("accuracy on")[1].split("\n\n")[0].splitlines()[1:]
+    assert len({ln.index("kv") for ln in acc[:1]}) == 1 and all(len(ln) <= len(acc[0]) + 1 for ln in acc)
+    if not ga["aggregate"]:
+        assert "no Aggregate head named" in printed
