@@ -144,8 +144,9 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         hf = path_or_hf_model
         cfg = hybrid_config_from_hf(config if config is not None else hf.config)
         p = next(hf.parameters())
-        return build_hybrid(cfg, {k: v.detach() for k, v in hf.state_dict().items()},
-                            device=device or p.device, dtype=dtype or p.dtype)
+        model = build_hybrid(cfg, {k: v.detach() for k, v in hf.state_dict().items()},
+                             device=device or p.device, dtype=dtype or p.dtype)
+        return _with_positions(model, config if config is not None else hf.config)
     if not isinstance(path_or_hf_model, (str, Path)):
         raise InputError(f"load_hybrid takes a checkpoint directory or an HF model, got "
                          f"{type(path_or_hf_model).__name__}")
@@ -156,7 +157,15 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(directory))
-    return build_hybrid(hybrid_config_from_hf(config), read_state_dict(directory), device=device, dtype=dtype)
+    model = build_hybrid(hybrid_config_from_hf(config), read_state_dict(directory), device=device, dtype=dtype)
+    return _with_positions(model, config)
+
+
+def _with_positions(model: Any, config: Any) -> Any:
+    """A hybrid refuses prompts longer than its config's ``max_position_embeddings``, as the bridge does."""
+    n = getattr(config, "max_position_embeddings", None)
+    model.n_ctx = int(n) if isinstance(n, int) and n > 0 else None
+    return model
 
 
 __all__ = ["load_hybrid", "build_hybrid", "hybrid_config_from_hf", "convert_state_dict", "decoder_checkpoint_key",

@@ -83,7 +83,7 @@ def run_scan(args: argparse.Namespace) -> int:
     examples = task_examples(args, model)
     tokens, metric = task_metric(model, examples)
     out = out_dir(args.out, "ga_out/scan")
-    reference = tokens.roll(1, 0) if args.ablation != "zero" else None
+    reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts
     t0 = time.perf_counter()
     if args.mode == "exact":
         result = exact_scan(model, tokens, metric, method=args.ablation, reference=reference,

@@ -71,7 +71,10 @@ def _cli(*argv, env_extra=None):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["eval", "--model", "/no/such/model"], "download it first"),
+    (["eval", "--model", "/no/such/model"], "no such model directory"),
+    (["eval", "--model", "llama-kvm"], "did you mean the zoo model 'llama-kvmc'"),
+    (["eval", "--model", "TINY", "--device", "banana"], "unknown device 'banana'"),
+    (["eval", "--model", "TINY", "--device", "cuda"], "no CUDA"),
     (["eval", "--model", "TINY", "--task", "nonsense"], "unknown task"),
     (["eval", "--model", "TINY", "--out", "/proc/forbidden"], "writable"),
     (["ablate", "--model", "TINY", "--heads", "9.9"], "out of range"),
