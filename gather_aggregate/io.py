@@ -68,10 +68,20 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> Path:
-    """Write ``path`` (.json with ``{"meta", "rows"}``) and a sibling ``.csv``, both atomically."""
+    """Write ``path`` (.json with ``{"meta", "rows"}``) and a sibling ``.csv``, both atomically.
+
+    Two files cannot be replaced in one atomic step, so the order keeps them
+    consistent at every instant: the old CSV twin is removed first, then the
+    JSON is replaced, then the new CSV is written.  A process killed at any
+    moment (SIGKILL included) leaves a JSON that parses and either no CSV or a
+    CSV with exactly the JSON's rows; the JSON is the one a resumed run reads.
+    """
     path = Path(path)
+    twin = path.with_suffix(".csv")
+    with contextlib.suppress(FileNotFoundError):
+        twin.unlink()
     atomic_write_json(path, {"meta": meta or {}, "rows": list(rows)})
-    atomic_write_text(path.with_suffix(".csv"), rows_to_csv(rows))
+    atomic_write_text(twin, rows_to_csv(rows))
     return path
 
 

@@ -18,7 +18,9 @@ Three implementations, one answer:
 
 Scans write a tidy table (layer, head, kind, score, rank, ...) atomically as
 JSON + CSV after every chunk, and ``resume=True`` continues an interrupted scan
-from that file (refusing one from another model or task).
+from that file (refusing one from another model or task).  A run killed at any
+moment leaves files that parse and agree (see :func:`gather_aggregate.io.write_table`),
+and the resumed scan writes exactly what an uninterrupted one writes.
 """
 
 from __future__ import annotations
@@ -199,10 +201,13 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     if out is not None and resume and Path(out).is_file():
         rows = _load_resume(Path(out), meta)
     done = {(r["layer"], r["head"]) for r in rows}
+    rows = [r for r in rows if (r["layer"], r["head"]) in set(heads)]
     todo = [hd for hd in heads if hd not in done]
 
     per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
-    by_layer = group_by_layer(todo)
+    # chunks are cut from the full head list, so a resumed scan stacks the same copies per forward as an
+    # uninterrupted one and writes exactly the same numbers (a chunk is saved whole or not at all)
+    by_layer = group_by_layer(heads)
     readout = metric if isinstance(metric, ReadoutMetric) else None
     how = layer_resume.plan(model, by_layer, readout=readout is not None)
     with torch.no_grad():
@@ -215,7 +220,9 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         bar.update(len(heads) - len(todo))
         for layer, hs in by_layer.items():
             for start in range(0, len(hs), per_fwd):
-                chunk = [Edit(layer, h) for h in hs[start:start + per_fwd]]
+                chunk = [Edit(layer, h) for h in hs[start:start + per_fwd] if (layer, h) not in done]
+                if not chunk:
+                    continue
                 logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
                                                     lambda e, cur: rep.values(e.layer, e.head, cur), readout)
                 for i, e in enumerate(chunk):
