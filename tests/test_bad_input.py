@@ -192,3 +192,15 @@ def test_prompt_longer_than_a_hybrids_positions():
         model(too_long)
     with pytest.raises(ContextLengthError):
         exact_scan(model, too_long, _metric, heads=[(1, 0)])
+
+
+def test_print_gaheads_is_a_short_summary():
+    from gather_aggregate.detect import GAHeads
+
+    table = [{"layer": la, "head": h, "gather": 0.1, "aggregate": 0.2} for la in range(4) for h in range(8)]
+    ga = GAHeads(table, gather=[(0, 2)], aggregate=[(1, 0), (1, 3)], pairs=[((0, 2), (1, 0))],
+                 reading={"gather": "gather", "aggregate": "aggregate"},
+                 evidence={(0, 2): "alone", (1, 0): "joint", (1, 3): "joint"})
+    text = str(ga)
+    assert text == repr(ga) and "\n" not in text and len(text) < 300
+    assert "L0H2 (alone)" in text and "L1H3 (joint)" in text and "L0H2->L1H0" in text and "32 heads" in text
