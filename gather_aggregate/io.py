@@ -63,8 +63,14 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: _jsonable(v) if not isinstance(v, (str, int, float)) else v for k, v in r.items()})
+        w.writerow({k: v if isinstance(v, (str, int, float)) or v is None else json.dumps(v, default=_jsonable)
+                    for k, v in r.items()})
     return buf.getvalue()
+
+
+def write_csv(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> Path:
+    """Write ``rows`` as CSV atomically (the twin of a JSON result; nested values as JSON)."""
+    return atomic_write_text(path, rows_to_csv(rows))
 
 
 def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> Path:
