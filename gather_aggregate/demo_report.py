@@ -135,12 +135,19 @@ def _sharp_section(views: Mapping[str, Mapping[str, Any]], same_prompt: bool) ->
     from gather_aggregate.report import Figure
     from gather_aggregate.viz import sharp_vs_smooth
 
-    attn = [m for m, v in views.items() if v["kind"] == "attn"]
-    ssm = [m for m, v in views.items() if v["kind"] == "ssm"]
+    def on_correct(m: str) -> float:
+        v = views[m]
+        c = v["example"].correct
+        return v["seg_mass"][c] if c >= 0 else 0.0
+
+    # the models whose named Aggregate head puts the most of its query row on the correct segment
+    attn = sorted((m for m, v in views.items() if v["kind"] == "attn" and v["aggregate_named"]),
+                  key=lambda m: -on_correct(m))
+    ssm = sorted((m for m, v in views.items() if v["kind"] == "ssm" and v["aggregate_named"]),
+                 key=lambda m: -on_correct(m))
     if not attn or not ssm:
         return None
-    pure = [m for m in attn if m.startswith("llama")] or attn
-    a_m, s_m = pure[0], ssm[0]
+    a_m, s_m = attn[0], ssm[0]
     a, s = views[a_m], views[s_m]
     ex_a, ex_s = a["example"], s["example"]
     fig = sharp_vs_smooth(
