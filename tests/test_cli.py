@@ -66,7 +66,9 @@ def test_zoo_list(capsys):
 
 
 def _cli(*argv, env_extra=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    env = {k: v for k, v in os.environ.items()  # an in-process main() above set the quiet defaults
+           if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
+    env = {**env, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "gather_aggregate.cli", *argv], capture_output=True, text=True, env=env)
 
 
