@@ -19,7 +19,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser-deps demo test test-all bench lint clean
+.PHONY: setup demo test test-all bench lint clean
 
 setup: $(STAMP)
 
@@ -36,18 +36,18 @@ $(STAMP): $(PY) pyproject.toml
 demo: setup
 	$(VENV)/bin/gather-aggregate demo --out ga_out/demo
 
-# Only the tests need a browser: the HTML-report test drives headless Chromium (the demo does not).
-browser-deps:
-	@bash scripts/ensure_system_deps.sh
-
 # Lint and type-check first: a broken contract (HookedModel, Task) fails here, not in a user's notebook.
-test: setup browser-deps
+# Only the tests need a browser: the first line installs Debian's chromium for the HTML-report browser test
+# (the demo never needs one) and says so when it does.
+test: setup
+	@bash scripts/ensure_system_deps.sh
 	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Everything, slow tests and notebooks included (not in CI's time budget).
-test-all: setup browser-deps
+test-all: setup
+	@bash scripts/ensure_system_deps.sh
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 bench: setup

@@ -21,11 +21,11 @@ MAX_LINES = 500
 #: The layers, in import order: a module may import modules of its own layer or an earlier one.
 #: Names are module paths below ``gather_aggregate`` (a package name covers every module in it).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core": ("_lazy", "errors", "io", "protocol", "readout", "metrics"),
+    "core": ("_lazy", "errors", "indices", "io", "protocol", "readout", "metrics"),
     "tasks/models": ("tasks", "adapters", "loading", "bridge", "zoo", "testing"),
     "interventions": ("interventions", "layer_resume"),
     "analysis": ("scan", "patching", "detect", "experiments", "claims"),
-    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training"),
+    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "demo_report", "training"),
 }
 
 
