@@ -31,20 +31,23 @@ $(STAMP): $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null && echo "torch already present: $$($(PY) -c 'import torch; print(torch.__version__)')" \
 	  || $(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
-	@bash scripts/ensure_system_deps.sh
 	@touch $(STAMP)
 
 demo: setup
 	$(VENV)/bin/gather-aggregate demo --out ga_out/demo
 
 # Lint and type-check first: a broken contract (HookedModel, Task) fails here, not in a user's notebook.
+# Only the tests need a browser: the first line installs Debian's chromium for the HTML-report browser test
+# (the demo never needs one) and says so when it does.
 test: setup
+	@bash scripts/ensure_system_deps.sh
 	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Everything, slow tests and notebooks included (not in CI's time budget).
 test-all: setup
+	@bash scripts/ensure_system_deps.sh
 	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 bench: setup

@@ -153,9 +153,10 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         hf = path_or_hf_model
         cfg = hybrid_config_from_hf(config if config is not None else hf.config)
         p = next(hf.parameters())
-        return build_hybrid(cfg, {k: v.detach() for k, v in hf.state_dict().items()},
-                            device=device or (None if where else p.device),
-                            dtype=p.dtype if dtype in (None, "auto") else parse_dtype(dtype), **where)
+        model = build_hybrid(cfg, {k: v.detach() for k, v in hf.state_dict().items()},
+                             device=device or (None if where else p.device),
+                             dtype=p.dtype if dtype in (None, "auto") else parse_dtype(dtype), **where)
+        return _with_positions(model, config if config is not None else hf.config)
     if not isinstance(path_or_hf_model, (str, Path)):
         raise InputError(f"load_hybrid takes a checkpoint directory or an HF model, got "
                          f"{type(path_or_hf_model).__name__}")
@@ -168,7 +169,15 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
         config = AutoConfig.from_pretrained(str(directory))
     cfg = hybrid_config_from_hf(config)  # an unsupported layout is named before any weights are read
     sd = read_state_dict(directory)
-    return build_hybrid(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)
+    model = build_hybrid(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)
+    return _with_positions(model, config)
+
+
+def _with_positions(model: Any, config: Any) -> Any:
+    """A hybrid refuses prompts longer than its config's ``max_position_embeddings``, as the bridge does."""
+    n = getattr(config, "max_position_embeddings", None)
+    model.n_ctx = int(n) if isinstance(n, int) and n > 0 else None
+    return model
 
 
 __all__ = ["load_hybrid", "build_hybrid", "hybrid_config_from_hf", "convert_state_dict", "decoder_checkpoint_key",

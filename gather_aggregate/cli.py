@@ -1,18 +1,21 @@
 """The ``gather-aggregate`` command line.
 
 This module imports nothing heavy at import time, so ``gather-aggregate --help``
-answers fast; each subcommand imports what it needs when it runs.  Errors of
-the toolkit are printed as one line with the fix; ``--debug`` shows the
-traceback instead.
+answers fast; each subcommand imports what it needs when it runs.  Each
+subcommand lists only its own options, with their defaults; option values are
+checked before any model loads.  Errors of the toolkit, and bad option values,
+are printed as one line with the fix; ``--debug`` shows the traceback instead.
+Quiet by default: ``-v`` shows transformers' weight-loading bars and warnings.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # subcommand -> (module:function, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -21,77 +24,233 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scan": ("gather_aggregate.workflows:run_scan", "rank heads by the drop in a task metric when ablated"),
     "detect": ("gather_aggregate.workflows:run_detect", "score heads as Gather / Aggregate heads"),
     "ablate": ("gather_aggregate.workflows:run_ablate", "evaluate with a set of heads ablated"),
-    "pattern": ("gather_aggregate.workflows:run_pattern", "save (implied) attention patterns of a layer"),
+    "pattern": ("gather_aggregate.workflows:run_pattern", "save (implied) attention patterns of a layer on one prompt"),
     "report": ("gather_aggregate.workflows:run_report", "build a self-contained HTML report from results"),
-    "zoo": ("gather_aggregate.workflows:run_zoo", "toy-zoo utilities: `zoo train`, `zoo list`"),
+    "zoo": ("gather_aggregate.workflows:run_zoo", "the toy zoo: `zoo list`, `zoo train`"),
     "memory": ("gather_aggregate.hybridise.memory_cli:cmd_memory",
                "KV-cache vs SSM-state bytes per model (and its head-level hybrids) at several prompt lengths"),
     "lm-eval": ("gather_aggregate.lm_eval.schedule:cmd_lm_eval",
                 "lm-evaluation-harness tasks x heads removed (needs the lmeval extra)"),
 }
 
+#: the task names of gather_aggregate.tasks.registry (a test keeps them equal; importing it here would be slow)
+TASKS = ("kv", "letter-mc", "content-mc", "knowledge", "mmlu", "mmlu-content", "mqar")
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="zoo model name (e.g. llama-ga) or a local model directory")
-    p.add_argument("--task", default="kv", help="task: kv, letter-mc, content-mc, knowledge, mmlu, mmlu-content, mqar")
-    p.add_argument("--n", type=int, default=64, help="number of task examples")
-    p.add_argument("--dict-size", type=int, default=None, help="KV dictionary size")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for task generation")
-    p.add_argument("--out", default=None, help="output directory for JSON/CSV results")
-    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+
+# ---- option types: a bad value is refused before anything loads ----------------------------------
+def _int_type(name: str, low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{name} must be at least {low}, got {value}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number (standard deviations), got {text}")
+    return value
+
+
+def head_pairs(text: str) -> list[tuple[int, int]]:
+    """``1.0,1.3`` or ``L1H0,L1H3`` → ``[(1, 0), (1, 3)]``."""
+    import re
+
+    heads = []
+    for part in [p for p in text.replace(" ", "").split(",") if p]:
+        m = re.fullmatch(r"(\d+)\.(\d+)|L(\d+)H(\d+)", part)
+        if not m:
+            raise argparse.ArgumentTypeError(f"cannot read head {part!r}; write LAYER.HEAD or LxHy, comma separated, "
+                                             "e.g. --heads 1.0,1.3 or --heads L1H0,L1H3")
+        g = [int(x) for x in m.groups() if x is not None]
+        heads.append((g[0], g[1]))
+    if not heads:
+        raise argparse.ArgumentTypeError("no heads given; e.g. --heads 1.0,1.3")
+    return heads
+
+
+def head_indices(text: str) -> list[int]:
+    """``0,2`` → ``[0, 2]`` (head indices of one layer)."""
+    out = []
+    for part in [p for p in text.replace(" ", "").split(",") if p]:
+        if not part.isdigit():
+            raise argparse.ArgumentTypeError(f"cannot read head index {part!r}; pass non-negative whole numbers, "
+                                             "comma separated, e.g. --heads 0,2")
+        out.append(int(part))
+    return out
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default when it has one worth showing (not None/False) and the help does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line that names the fix."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+# ---- option groups ----------------------------------------------------------------------------------
+def _general(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show transformers' weight-loading bars and warnings (quiet by default)")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+
+
+def _model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True,
+                   help="a zoo model name (see `gather-aggregate zoo list`) or a local model directory")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps")
+
+
+def _task(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", default="kv", choices=TASKS, help="the task whose prompts are used")
+    p.add_argument("--n", type=_int_type("--n", 1), default=64, help="number of task prompts")
+    p.add_argument("--dict-size", type=_int_type("--dict-size", 1), default=None,
+                   help="KV / MQAR dictionary size (default: the task's, or the zoo model's trained size)")
+    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the task's prompts")
+
+
+def _out(p: argparse.ArgumentParser, cmd: str, files: str) -> None:
+    p.add_argument("--out", default=f"ga_out/{cmd}", help=f"output directory; writes {files}")
+
+
+def _progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gather-aggregate",
-        description="Find, test and plot Gather-and-Aggregate retrieval heads in Transformers, SSMs and hybrids.",
-    )
+    fmt = HelpFormatter
+    parser = Parser(prog="gather-aggregate", formatter_class=fmt,
+                    description="Find, test and plot Gather-and-Aggregate retrieval heads in Transformers, SSMs "
+                                "and hybrids.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_common(p)
-        if name == "zoo":
-            p.add_argument("action", choices=["train", "list"], help="train a zoo model or list the shipped ones")
-            p.add_argument("--arch", default="llama", help="architecture to train (llama, mamba, mamba2, bamba)")
-            p.add_argument("--steps", type=int, default=None, help="training steps")
-            p.add_argument("--threads", type=int, default=1, help="torch threads")
-        if name == "scan":
-            p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig"], default="exact",
-                           help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients")
-            p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                           help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")
-            p.add_argument("--workers", type=int, default=2, help="Ray workers (with --ray)")
-            p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero")
-            p.add_argument("--resume", action="store_true", help="resume an interrupted scan from --out")
-        if name == "ablate":
-            p.add_argument("--heads", required=False, default="",
-                           help="heads to ablate as L.H pairs, comma separated (e.g. 1.0,1.3)")
-            p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero")
-        if name == "detect":
-            p.add_argument("--reading", choices=["auto", "summary", "last-1", "last-2"], default="auto",
-                           help="where a segment is read: the task's summary token, one or two tokens before the "
-                                "segment's last, or auto (where the Aggregate heads read; reported)")
-        if name == "pattern":
-            p.add_argument("--layer", type=int, default=0)
-            p.add_argument("--heads", default="", help="head indices, comma separated (default all)")
-        if name == "report":
-            p.add_argument("--results", default=None, help="directory with results written by other subcommands")
-        if name == "memory":
-            from gather_aggregate.hybridise.memory_cli import add_memory_args
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-            add_memory_args(p)
-        if name == "lm-eval":
-            from gather_aggregate.lm_eval.schedule import add_arguments
+    def add(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=COMMANDS[name][1], description=COMMANDS[name][1], formatter_class=fmt)
 
-            add_arguments(p)
-        if name == "demo":
-            p.add_argument("--fast", action="store_true", help="fewer examples (for smoke tests)")
-            p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",
-                           help="retrieval task to scan and ablate on; auto: letter-MC when every model solves it "
-                                "(>= 2x chance), else KV")
+    p = add("demo")
+    p.add_argument("--model", default=None,
+                   help="comma list of zoo names or model directories, e.g. llama-kvmc,mamba2-ga (default: every "
+                        "shipped zoo model)")
+    p.add_argument("--n", type=_int_type("--n", 8), default=64, help="prompts per task (8 to 64)")
+    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the prompts")
+    p.add_argument("--fast", action="store_true", help="24 prompts per task (smoke tests)")
+    p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",
+                   help="retrieval task to scan and ablate on; auto: letter-MC when every model solves it "
+                        "(>= 2x chance), else KV")
+    _out(p, "demo", "report.html, summary.json and scan_<model>.json/.csv")
+    _general(p)
+
+    p = add("eval")
+    _model(p), _task(p), _progress(p)
+    _out(p, "eval", "eval.json and eval.csv (one row per prompt)")
+    _general(p)
+
+    p = add("scan")
+    _model(p), _task(p)
+    p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig"], default="exact",
+                   help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")
+    p.add_argument("--workers", type=_int_type("--workers", 1), default=2, help="Ray workers (with --ray)")
+    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
+                   help="what replaces a head's output (resample: another prompt's, never its own)")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted scan in --out")
+    _progress(p)
+    _out(p, "scan", "scan.json and scan.csv (one row per head, ranked)")
+    _general(p)
+
+    p = add("detect")
+    _model(p), _task(p)
+    p.add_argument("--reading", choices=["auto", "summary", "last-1", "last-2"], default="auto",
+                   help="where a segment is read: the task's summary token, one or two tokens before the "
+                        "segment's last, or auto (where the Aggregate heads read; reported)")
+    _progress(p)
+    _out(p, "detect", "detect.json/.csv (one row per head) and the scan it used, scan.json/.csv")
+    _general(p)
+
+    p = add("ablate")
+    _model(p), _task(p)
+    p.add_argument("--heads", type=head_pairs, required=True,
+                   help="heads to ablate together, comma separated LAYER.HEAD or LxHy (e.g. 1.0,1.3 or L1H0,L1H3)")
+    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
+                   help="what replaces the heads' outputs")
+    _out(p, "ablate", "ablate.json and ablate.csv (accuracy clean and ablated)")
+    _general(p)
+
+    p = add("pattern")
+    _model(p), _task(p)
+    p.add_argument("--layer", type=_int_type("--layer", 0), default=0, help="layer index (0 = first)")
+    p.add_argument("--heads", type=head_indices, default=None,
+                   help="head indices of the layer, comma separated (default: all)")
+    p.add_argument("--prompt", type=_int_type("--prompt", 0), default=0,
+                   help="which of the task's prompts (0 = first of --n with --seed)")
+    _out(p, "pattern", "pattern.json and pattern.csv (head, query, key, weight)")
+    _general(p)
+
+    p = add("report")
+    p.add_argument("--results", default="ga_out", help="directory with results written by other subcommands")
+    p.add_argument("--out", default=None, help="directory for report.html (default: the --results directory)")
+    _general(p)
+
+    p = add("memory")
+    p.add_argument("--model", default=None,
+                   help="comma list of zoo names or model directories (default: every shipped zoo model)")
+    from gather_aggregate.hybridise.memory_cli import add_memory_args
+
+    add_memory_args(p)
+    p.add_argument("--out", default=None, help="output directory for memory.json and memory.csv (default: print only)")
+    _general(p)
+
+    p = add("lm-eval")
+    _model(p)
+    p.add_argument("--n", type=_int_type("--n", 1), default=64, help="prompts per exported ga_* task")
+    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the exported ga_* tasks")
+    from gather_aggregate.lm_eval.schedule import add_arguments
+
+    add_arguments(p)
+    _out(p, "lm_eval", "lm_eval.json, lm_eval.csv and lm_eval.md (tasks x heads removed)")
+    _general(p)
+
+    p = add("zoo")
+    zsub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
+    _general(zsub.add_parser("list", help="list the shipped zoo models and their directories", formatter_class=fmt))
+    t = zsub.add_parser("train", help="train a zoo model on this CPU (see `zoo train --help`)", formatter_class=fmt,
+                        description="Train a toy-zoo model with HF's own classes and save it with save_pretrained.")
+    from gather_aggregate.training.train_args import add_train_arguments
+
+    add_train_arguments(t, out_required=False)
+    _general(t)
+    shown = [a.option_strings[-1] + (" {" + ",".join(a.choices) + "}" if a.choices else "")
+             for a in t._actions if a.option_strings and a.option_strings[-1] != "--help"]
+    p.epilog = "`zoo train` options (details: `gather-aggregate zoo train --help`): " + ", ".join(shown)
     return parser
+
+
+def _quiet(verbose: bool) -> None:
+    """Quiet by default: no transformers / huggingface_hub progress bars or warnings (read at their import)."""
+    if not verbose:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 0
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _quiet(getattr(args, "verbose", False))
     target, _ = COMMANDS[args.command]
     module_name, func_name = target.split(":")
     try:

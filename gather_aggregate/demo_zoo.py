@@ -9,7 +9,6 @@ nothing is looked up or hard-coded (heads come from the scan and detector).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -92,8 +91,10 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                                                 args.seed).items()]
 
     # report + summary -----------------------------------------------------------------------
-    summary = {"models": list(models), "n_prompts": n, "scan_task": task, "accuracy": acc, "chance": chance,
-               "ga_heads": {m: g.summary() for m, g in ga.items()},
+    from gather_aggregate.demo_report import write_demo_report
+
+    summary = {"models": list(models), "n_prompts": n, "seed": args.seed, "scan_task": task, "accuracy": acc,
+               "chance": chance, "ga_heads": {m: g.summary() for m, g in ga.items()},
                "top_scan_heads": {m: s.top(4) for m, s in scans.items()},
                "cumulative_ablation": cumulative,
                "aggregate_row_entropy": {m: s["mean_entropy"] for m, s in sharp.items()},
@@ -101,7 +102,10 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                                       for m, s in sharp.items()},
                "kv_by_size": kv_rows, "seconds": None}
     tables = {m: g.table for m, g in ga.items()}
-    report = _write_report(out, summary, models, scans, tables, sharp, cumulative, kv_rows)
+    report, views = write_demo_report(out, summary, models, scans, tables, {m: sets[m][task] for m in models},
+                                      cumulative, kv_rows)
+    summary["query_row"] = {m: {"head": list(v["aggregate"]), "named": v["aggregate_named"], "finding": v["finding"]}
+                            for m, v in views.items()}
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     atomic_write_json(out / "summary.json", summary)
     _print_summary(summary, chance)
@@ -116,24 +120,39 @@ def scan_task(choice: str, acc: dict[str, dict[str, float]], chance: dict[str, f
     return "letter-mc" if all(a["letter-mc"] >= 2 * chance["letter-mc"] for a in acc.values()) else "kv"
 
 
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """Rows as text columns, each as wide as its widest cell (numbers right-aligned)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return [line(header)] + [line(r) for r in rows]
+
+
 def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
-    print("\naccuracy (chance: " + ", ".join(f"{t} {chance[t]:.2f}" for t in TASKS) + ")")
-    print(f"{'model':<14}" + "".join(f"{t:>12}" for t in TASKS))
-    for m, a in s["accuracy"].items():
-        print(f"{m:<14}" + "".join(f"{a[t]:>12.3f}" for t in TASKS))
-    print(f"\nablating the scan's top-k heads ({s['scan_task']} scan):")
-    print(f"{'model':<14}{'k':>3}" + "".join(f"{t:>12}" for t in TASKS) + "  heads")
-    for m, rows in s["cumulative_ablation"].items():
-        for r in rows:
-            print(f"{m:<14}{r['k']:>3}" + "".join(f"{r[t]:>12.3f}" for t in TASKS) + f"  {r['heads']}")
+    from gather_aggregate.demo_report import heads_text
+
+    tasks = list(TASKS)
+    print(f"\naccuracy on {s['n_prompts']} prompts per task (seed {s['seed']})")
+    rows = [[m, *(f"{a[t]:.3f}" for t in tasks)] for m, a in s["accuracy"].items()]
+    rows.append(["chance", *(f"{chance[t]:.3f}" for t in tasks)])
+    print("\n".join(_table(["model", *tasks], rows, set(range(1, len(tasks) + 1)))))
+    print(f"\nablating the top k heads of the {s['scan_task']} scan (accuracy):")
+    rows = [[m, str(r["k"]), *(f"{r[t]:.3f}" for t in tasks), heads_text(r["heads"])]
+            for m, rs in s["cumulative_ablation"].items() for r in rs]
+    print("\n".join(_table(["model", "k", *tasks, "heads removed"], rows, set(range(1, len(tasks) + 2)))))
     print("\nG&A heads found: 'alone' (the role's group is that one head) or 'joint' (a group named together, each")
-    print("head needed once the others are removed); '@last-1': segments read one token before their last.  Then")
-    print("the G->A pairs (path patching) and the mean entropy of the strongest Aggregate head's final row:")
+    print("head needed once the others are removed); '@last-1': segments read one token before their last.")
+    rows = []
     for m, g in s["ga_heads"].items():
-        h = s["aggregate_row_head"][m]
-        print(f"{m:<14} gather {_named(g, 'gather'):<24} aggregate {_named(g, 'aggregate'):<40} "
-              f"{len(g['pairs'])} pairs  entropy {s['aggregate_row_entropy'][m]:.3f} nats "
-              f"(L{h['layer']}H{h['head']} reads the {h['reads']})")
+        q = s["query_row"][m]
+        seen = (f"{heads_text([q['head']])}: {q['finding']}" if q["named"]
+                else "no Aggregate head named")
+        rows.append([m, _named(g, "gather"), _named(g, "aggregate"), str(len(g["pairs"])), seen])
+    print("\n".join(_table(["model", "Gather", "Aggregate", "G->A pairs", "Aggregate query row (first prompt)"],
+                            rows, {3})))
 
 
 def _named(g: dict[str, Any], role: str) -> str:
@@ -144,72 +163,3 @@ def _named(g: dict[str, Any], role: str) -> str:
         by_ev.setdefault(evidence[(la, h)], []).append(f"L{la}H{h}")
     text = " ".join(f"{' '.join(hs)} ({ev})" for ev, hs in by_ev.items()) or "-"
     return text + (f" @{g['reading']['gather']}" if role == "gather" and g[role] else "")
-
-
-def _write_report(out: Path, summary: dict[str, Any], models: dict[str, Any], scans: dict[str, Any],
-                  tables: dict[str, Any], sharp: dict[str, Any], cumulative: dict[str, Any],
-                  kv_rows: list[dict[str, Any]]) -> Path:
-    from gather_aggregate.report import Figure, KeyValues, Markdown, Table, write_report
-    from gather_aggregate.viz import (
-        attention_row_view,
-        cumulative_ablation_curve,
-        head_score_heatmaps,
-        kv_accuracy_curve,
-        sharp_vs_smooth,
-    )
-
-    sections: list[Any] = [Markdown(
-        "The toy zoo, trained on this CPU, analysed end to end: accuracy on retrieval-heavy tasks (KV-retrieval, "
-        "letter-format multiple choice) and knowledge tasks (content-format multiple choice, plain knowledge "
-        f"queries); an exact ablation scan of every head on {summary['scan_task']} (the retrieval task the scan "
-        "uses); Gather/Aggregate scores from the patterns; the effect of removing the top heads; and the "
-        "sharpness of the Aggregate rows.")]
-    acc_rows = [{"model": m, **{t: round(v, 3) for t, v in a.items()}} for m, a in summary["accuracy"].items()]
-    acc_rows.append({"model": "chance", **{t: round(v, 3) for t, v in summary["chance"].items()}})
-    sections.append(Table(acc_rows, title="Accuracy"))
-    for m in models:
-        rows = []
-        drops = scans[m].scores()
-        for r in tables[m]:
-            rows.append({**r, "ablation_drop": drops.get((r["layer"], r["head"]), math.nan)})
-        g = summary["ga_heads"][m]
-        read = (g["reading"]["gather"], g["reading"]["aggregate"])  # where the detector read the segments
-        sections.append(Figure(head_score_heatmaps(rows, ("ablation_drop", "gather", "aggregate"),
-                                                   title=f"{m}: head scores"),
-                               title=f"{m}: head scores"))
-        joint = ", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items()) or "no group named"
-        sections.append(KeyValues({"Gather heads": _named(g, "gather"), "Aggregate heads": _named(g, "aggregate"),
-                                   "G→A pairs": ", ".join(f"L{a[0]}H{a[1]} → L{b[0]}H{b[1]}" for a, b in g["pairs"])
-                                   or "none",
-                                   "segments read at": f"{read[0]} ({g.get('read_why', '')})",
-                                   "group loss (share of the retrieval margin)": joint,
-                                   "scan top-4": str(summary["top_scan_heads"][m])},
-                                  title=f"{m}: detected heads"))
-    curve_rows = [{"series": f"{m} · {t}", "n_ablated": r["k"], "accuracy": r[t]}
-                  for m, rows in cumulative.items() for r in rows for t in TASKS]
-    sections.append(Figure(cumulative_ablation_curve(curve_rows, title="Removing the scan's top-k heads"),
-                           title="Cumulative ablation"))
-    sections.append(Table([{"model": m, **{k: v for k, v in r.items() if k != "heads"}, "heads": str(r["heads"])}
-                           for m, rows in cumulative.items() for r in rows], title="Cumulative ablation table"))
-    if kv_rows:
-        sections.append(Figure(kv_accuracy_curve(kv_rows, title="KV-retrieval accuracy vs dictionary size"),
-                               title="KV accuracy vs dictionary size"))
-    names = list(sharp)
-    attn = [m for m in names if sharp[m]["kind"] == "attn"]
-    ssm = [m for m in names if sharp[m]["kind"] == "ssm"]
-    if attn and ssm:
-        a, s = sharp[attn[0]], sharp[ssm[0]]
-        ex = a["example"]
-        fig = sharp_vs_smooth(a["row"], s["row"], a["tokens"], ssm_tokens=s["tokens"],
-                              labels=(f"{attn[0]} L{a['layer']}H{a['head']}", f"{ssm[0]} L{s['layer']}H{s['head']}"),
-                              summaries=[seg.summary for seg in ex.segments], target=ex.segments[ex.correct].summary,
-                              ssm_summaries=[seg.summary for seg in s["example"].segments],
-                              ssm_target=s["example"].segments[s["example"].correct].summary)
-        sections.append(Figure(fig, title="Sharp (attention) vs smooth (SSM) Aggregate rows"))
-    for m in names:
-        s = sharp[m]
-        sections.append(attention_row_view(s["row"], s["tokens"],
-                                           title=f"{m} L{s['layer']}H{s['head']} ({s['kind']}, reads the correct "
-                                                 f"{s['reads']}): final-token row"))
-    return write_report(out / "report.html", title="gather-aggregate: the toy zoo", sections=sections,
-                        meta={"models": ", ".join(models), "prompts per task": summary["n_prompts"]})

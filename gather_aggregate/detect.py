@@ -193,6 +193,20 @@ class GAHeads:
                 "groups": self.groups, "pair_loss": self.pair_loss, "margin": dict(self.margin),
                 "decisions": [{k: r.get(k) for k in DECISION_COLUMNS} for r in self.table]}
 
+    def __repr__(self) -> str:
+        """A short summary: the named heads with their evidence, the pairs, and the table's size."""
+        def named(role: str) -> str:
+            heads = getattr(self, role)
+            return "[" + ", ".join(f"L{la}H{h} ({self.evidence.get((la, h), 'pattern')})" for la, h in heads) + "]"
+
+        cols = len(self.table[0]) if self.table else 0
+        return (f"GAHeads(gather={named('gather')}, aggregate={named('aggregate')}, "
+                f"pairs=[{', '.join(f'L{g[0]}H{g[1]}->L{a[0]}H{a[1]}' for g, a in self.pairs)}], "
+                f"reading={self.reading.get('gather')}/{self.reading.get('aggregate')}, "
+                f"table={len(self.table)} heads x {cols} columns (see .table))")
+
+    __str__ = __repr__
+
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once)."""
         out: list[Head] = []

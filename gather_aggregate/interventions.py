@@ -14,8 +14,15 @@ Ablation methods:
 * ``mean``      by its mean over a reference set, per position (reference
   prompts must have the same length) or position-agnostic (mean over
   reference examples and positions);
-* ``resample``  by its output on another reference example (same length),
-  example ``b`` taking reference ``perm[b % n_ref]`` with a seeded permutation.
+* ``resample``  by its output on another reference example (same length).
+  When the inputs are known (scans, :func:`run_ablated`), example ``b`` never
+  takes a reference prompt equal to itself: with the inputs as their own
+  reference the assignment is a seeded derangement (a random cyclic
+  permutation, Sattolo's algorithm), otherwise each example takes the first
+  reference in a seeded order that differs from it.  A one-example reference
+  equal to the input would replace each head by its own output (every score
+  0), so it is refused.  Without the inputs (the :func:`ablate` context
+  manager) example ``b`` takes reference ``perm[b % n_ref]``.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ class Replacement:
     reference: dict[int, Tensor] | None = None
     per_position: bool = True
     seed: int = 0
+    #: resample: the reference example each input example takes (``None``: a seeded permutation, modulo)
+    index: Tensor | None = None
 
     def values(self, layer: int, head: int, like: Float[Tensor, "batch pos d_head"]) -> Tensor:
         """Replacement for ``like`` (one head's output on a batch)."""
@@ -63,10 +72,39 @@ class Replacement:
             mean = ref.mean(0) if self.per_position else ref.mean((0, 1))[None]
             return mean.expand_as(like) if not self.per_position else mean[None].expand_as(like)
         n_ref = ref.shape[0]
+        if self.index is not None and len(self.index) == like.shape[0]:
+            return ref[self.index.to(ref.device)]
         g = torch.Generator().manual_seed(self.seed)
         perm = torch.randperm(n_ref, generator=g)
         idx = perm[torch.arange(like.shape[0]) % n_ref].to(ref.device)
         return ref[idx]
+
+
+def resample_index(inputs: Tensor, reference: Tensor, seed: int = 0) -> Tensor:
+    """For each input example, a reference example that differs from it (see the module docstring)."""
+    inputs, reference = inputs.cpu(), reference.cpu()
+    b, n_ref = inputs.shape[0], reference.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    if inputs.shape == reference.shape and torch.equal(inputs, reference):
+        if b < 2:
+            raise InputError("resample ablation with a one-example reference equal to the input replaces each head "
+                             "by its own output (every score 0); pass at least two prompts, or use method='mean' "
+                             "or 'zero'")
+        perm = list(range(b))  # Sattolo: a uniformly random cyclic permutation, so no example maps to itself
+        for i in range(b - 1, 0, -1):
+            j = int(torch.randint(0, i, (1,), generator=g))
+            perm[i], perm[j] = perm[j], perm[i]
+        return torch.tensor(perm)
+    order = torch.randperm(n_ref, generator=g)
+    same = (inputs[:, None, :] == reference[None, :, :]).all(-1)  # [b, n_ref]
+    idx = []
+    for i in range(b):
+        pick = next((int(order[(i + k) % n_ref]) for k in range(n_ref) if not same[i, order[(i + k) % n_ref]]), None)
+        if pick is None:
+            raise InputError(f"resample ablation: every reference prompt equals input prompt {i}, so the head would "
+                             "get its own output back; pass reference prompts that differ from the inputs")
+        idx.append(pick)
+    return torch.tensor(idx)
 
 
 def group_by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
@@ -86,7 +124,8 @@ def head_outputs(model: HookedModel, tokens: Tensor, layers: Sequence[int]) -> d
 
 
 def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None,
-                     *, per_position: bool = True, seed: int = 0, n_pos: int | None = None) -> Replacement:
+                     *, per_position: bool = True, seed: int = 0, n_pos: int | None = None,
+                     inputs: Tensor | None = None) -> Replacement:
     """Validate an ablation spec and precompute reference head values for mean/resample."""
     if method not in METHODS:
         raise InputError(f"unknown ablation method {method!r}; use one of {METHODS}")
@@ -102,7 +141,10 @@ def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method =
             "method='mean' with per_position=False"
         )
     layers = sorted({layer for layer, _ in heads})
-    return Replacement(method, head_outputs(model, reference, layers), per_position, seed)
+    index = None
+    if method == "resample" and inputs is not None and inputs.shape[1] == reference.shape[1]:
+        index = resample_index(inputs, reference, seed)
+    return Replacement(method, head_outputs(model, reference, layers), per_position, seed, index)
 
 
 def ablation_hooks(model: HookedModel, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
@@ -143,7 +185,7 @@ def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], metho
     """Logits with ``heads`` ablated (the hooks are gone when it returns)."""
     tokens = model.validate_tokens(tokens)
     rep = make_replacement(model, model.check_head_set(heads), method, reference, per_position=per_position,
-                           seed=seed, n_pos=tokens.shape[1])
+                           seed=seed, n_pos=tokens.shape[1], inputs=tokens)
     with torch.no_grad(), model.hooks(fwd_hooks=ablation_hooks(model, heads, rep)):
         return model(tokens)
 

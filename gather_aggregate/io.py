@@ -63,15 +63,31 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: _jsonable(v) if not isinstance(v, (str, int, float)) else v for k, v in r.items()})
+        w.writerow({k: v if isinstance(v, (str, int, float)) or v is None else json.dumps(v, default=_jsonable)
+                    for k, v in r.items()})
     return buf.getvalue()
 
 
+def write_csv(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> Path:
+    """Write ``rows`` as CSV atomically (the twin of a JSON result; nested values as JSON)."""
+    return atomic_write_text(path, rows_to_csv(rows))
+
+
 def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> Path:
-    """Write ``path`` (.json with ``{"meta", "rows"}``) and a sibling ``.csv``, both atomically."""
+    """Write ``path`` (.json with ``{"meta", "rows"}``) and a sibling ``.csv``, both atomically.
+
+    Two files cannot be replaced in one atomic step, so the order keeps them
+    consistent at every instant: the old CSV twin is removed first, then the
+    JSON is replaced, then the new CSV is written.  A process killed at any
+    moment (SIGKILL included) leaves a JSON that parses and either no CSV or a
+    CSV with exactly the JSON's rows; the JSON is the one a resumed run reads.
+    """
     path = Path(path)
+    twin = path.with_suffix(".csv")
+    with contextlib.suppress(FileNotFoundError):
+        twin.unlink()
     atomic_write_json(path, {"meta": meta or {}, "rows": list(rows)})
-    atomic_write_text(path.with_suffix(".csv"), rows_to_csv(rows))
+    atomic_write_text(twin, rows_to_csv(rows))
     return path
 
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import ModelLoadError, TokenizerMissingError, UnsupportedModelError
+from gather_aggregate.errors import InputError, ModelLoadError, TokenizerMissingError, UnsupportedModelError
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 
@@ -50,12 +50,79 @@ def supported_model_types() -> dict[str, list[str]]:
             "transformer_architectures": supported_architectures()}
 
 
+def parse_device(device: Any) -> Any:
+    """``None`` or a device this torch build can use (``cpu``, ``cuda``, ``cuda:1``, ``mps``), else a clear error."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r}: this torch build or machine has no CUDA "
+                             f"(torch {torch.__version__}); use --device cpu, or install a CUDA build of torch")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) "
+                             f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise InputError(f"device {device!r}: MPS is not available here; use --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise InputError(f"device {device!r} is not supported; use cpu, cuda, cuda:N or mps")
+    return dev
+
+
+def _zoo_names() -> dict[str, Path]:
+    try:
+        from gather_aggregate.zoo import list_zoo
+    except ImportError:  # pragma: no cover
+        return {}
+    return dict(list_zoo())
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name the user meant as a local path: absolute, ``./``/``../``/``~``, or more than one ``/``."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+
+def resolve_source(name_or_path: str | os.PathLike[str]) -> str:
+    """A zoo name (``llama-kvmc``) → its shipped directory; a path → checked; a hub name → unchanged.
+
+    A name close to a zoo name (``llama-kvm``) or to nothing the hub could hold
+    fails fast with a "did you mean" instead of a minute of hub retries.
+    """
+    import difflib
+
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ModelLoadError(f"load_model takes a model directory, a zoo name or a hub name, got "
+                             f"{type(name_or_path).__name__}")
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path)
+    zoo = _zoo_names()
+    if name in zoo:
+        return str(zoo[name])
+    if _looks_like_path(name):
+        parent = path.parent if str(path.parent) not in ("", ".") else Path(".")
+        near = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir()] if parent.is_dir() else [], 1)
+        raise ModelLoadError(f"no such model directory: {name!r}"
+                             + (f"; did you mean {str(parent / near[0])!r}?" if near else
+                                "; pass an existing directory that holds config.json"))
+    close = difflib.get_close_matches(name, list(zoo), n=1, cutoff=0.75)
+    if close and "/" not in name:
+        raise ModelLoadError(f"{name!r} is neither a local directory nor a zoo model; did you mean the zoo model "
+                             f"{close[0]!r}? (zoo: {', '.join(zoo)})")
+    return name
+
+
 def _resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[Any, str]:
     from transformers import AutoConfig
 
-    if not isinstance(name_or_path, (str, os.PathLike)):
-        raise ModelLoadError(f"load_model takes a model directory or a hub name, got {type(name_or_path).__name__}")
-    path = Path(name_or_path).expanduser()
+    source = resolve_source(name_or_path)
+    path = Path(source).expanduser()
     if path.is_file():
         raise ModelLoadError(f"{str(path)!r} is a file; pass the model directory that holds config.json")
     if path.is_dir():
@@ -63,17 +130,40 @@ def _resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[Any, str]:
             raise ModelLoadError(
                 f"{str(path)!r} has no config.json; save the model there with model.save_pretrained(dir)"
             )
-        return AutoConfig.from_pretrained(str(path)), str(path)
-    name = str(name_or_path)
+        return _read_config(AutoConfig, path), str(path)
+    name = source
+    zoo = _zoo_names()
+    zoo_hint = f" (zoo models: {', '.join(zoo)})" if zoo and "/" not in name else ""
     hint = (f"download it first (e.g. `hf download {name} --local-dir ./{Path(name).name}`) and pass the local "
             f"directory, e.g. load_model('./{Path(name).name}')")
     try:
         return AutoConfig.from_pretrained(name), name
     except Exception as exc:  # noqa: BLE001 - any hub/cache failure becomes one clear message
         if _offline():
-            raise ModelLoadError(f"{name!r} is not a local directory and the hub is offline (HF_HUB_OFFLINE=1); "
-                                 f"{hint}") from None
-        raise ModelLoadError(f"could not load a config for {name!r} ({type(exc).__name__}: {exc}); {hint}") from None
+            raise ModelLoadError(f"{name!r} is not a local directory or a zoo model, and the hub is offline "
+                                 f"(HF_HUB_OFFLINE=1){zoo_hint}; {hint}") from None
+        raise ModelLoadError(f"could not load a config for {name!r} ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}){zoo_hint}; {hint}") from None
+
+
+def _read_config(auto_config: Any, path: Path) -> Any:
+    """The directory's HF config; an unknown ``model_type`` or a damaged config.json is one clear error."""
+    import json
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{str(path / 'config.json')!r} is damaged ({exc}); re-save the model with "
+                             "model.save_pretrained(dir) or download it again") from None
+    try:
+        return auto_config.from_pretrained(str(path))
+    except (ValueError, KeyError) as exc:
+        model_type = raw.get("model_type") if isinstance(raw, dict) else None
+        if model_type is not None:
+            raise UnsupportedModelError(_unsupported_message(model_type, list(raw.get("architectures") or []))) \
+                from None
+        raise ModelLoadError(f"cannot read the config in {str(path)!r} ({str(exc).splitlines()[0]}); re-save "
+                             "it with model.save_pretrained(dir)") from None
 
 
 def load_tokenizer(source: str) -> Any:
@@ -129,6 +219,8 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
         tokenizer: use this tokenizer instead of the one saved with the model.
         **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
     """
+    device = parse_device(device)
+    name_or_path = resolve_source(name_or_path)
     model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, device_map=device_map,
                         **kwargs)
     # how to load it again, for workers of a distributed job (gather_aggregate.distributed.model_loader)
@@ -143,13 +235,15 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if _is_llamba_checkpoint(name_or_path):  # Cartesia's layout: transformers has no "llamba" config class
         from gather_aggregate.adapters.llamba import load_llamba
 
-        model = load_llamba(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs)
+        model = _weights(lambda: load_llamba(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs),
+                         name_or_path)
         model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
         return model
     if _is_mamba_ssm_checkpoint(name_or_path):  # original mamba-ssm layout: config.json has no model_type
         from gather_aggregate.adapters import load_ssm
 
-        model = load_ssm(str(name_or_path), device=device, dtype=parse_dtype(dtype), device_map=device_map, **kwargs)
+        model = _weights(lambda: load_ssm(str(name_or_path), device=device, dtype=parse_dtype(dtype),
+                                          device_map=device_map, **kwargs), name_or_path)
         model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
         return model
     from gather_aggregate.hybridise.model import is_head_hybrid_dir
@@ -168,7 +262,8 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
 
-        model = load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs)
+        model = _weights(lambda: load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs),
+                         source)
         model.tokenizer = tok
         return model
     if kwargs:
@@ -185,11 +280,28 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
     if device is not None and device_map is not None:
         raise ModelLoadError("pass device= or device_map=, not both")
-    hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or "auto",
-                                              **({"device_map": device_map} if device_map is not None else {}))
+    hf = _weights(lambda: AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype or "auto", **({"device_map": device_map} if device_map is not None else {})), source)
     if device is not None:
         hf = hf.to(device)
     return BridgeModel.from_hf(hf, tok, copy_model=False, name=str(name_or_path))
+
+
+def _weights(load: Any, source: Any) -> Any:
+    """Run a weight-loading call; a damaged or truncated weight file becomes one :class:`ModelLoadError`."""
+    from gather_aggregate.errors import GAError
+
+    try:
+        return load()
+    except GAError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - only the kinds a damaged file raises are translated
+        kinds = (OSError, RuntimeError, ValueError, EOFError, KeyError)
+        if not (isinstance(exc, kinds) or type(exc).__name__ in ("SafetensorError", "UnpicklingError")):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot read the weights in {str(source)!r} ({type(exc).__name__}: {first[:200]}); "
+                             "the file is damaged or truncated: download or save the model again") from None
 
 
 def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None = None) -> Any:

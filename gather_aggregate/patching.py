@@ -24,7 +24,15 @@ from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
 from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan import Metric, ScanResult, _apply, _check_metric, _progress, default_max_rows
+from gather_aggregate.scan import (
+    Metric,
+    ScanResult,
+    _apply,
+    _check_metric,
+    _progress,
+    check_metric_fn,
+    default_max_rows,
+)
 
 
 def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, heads: Sequence[Head] | None = None, *,
@@ -36,6 +44,7 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
     sweep (default: every position).  ``score`` in the table is the normalised
     effect.  ``max_rows``: as in :func:`~gather_aggregate.scan.exact_scan`.
     """
+    check_metric_fn(metric)
     clean = model.validate_tokens(clean)
     corrupted = model.validate_tokens(corrupted)
     if clean.shape != corrupted.shape:

@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
+from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
+from gather_aggregate.indices import as_index
+from gather_aggregate.indices import is_index as _is_index
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -149,8 +152,7 @@ class ProtocolMixin:
 
     def check_layer(self, layer: int) -> LayerInfo:
         n = self.n_layers
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise InputError(f"layer must be an int, got {type(layer).__name__}")
+        layer = as_index(layer, "layer")
         if not -n <= layer < n:
             raise IndexOutOfRangeError(f"layer {layer} is out of range: this model has {n} layers (0..{n - 1})")
         return self.layers[layer % n]
@@ -160,7 +162,12 @@ class ProtocolMixin:
         info = self.check_layer(layer)
         if heads is None:
             return list(range(info.n_heads))
-        hs = [heads] if isinstance(heads, int) else [int(h) for h in heads]
+        if isinstance(heads, (str, bytes)):
+            raise InputError(f"heads must be an int or a list of ints (head indices of layer {info.index}), "
+                             f"got {heads!r}")
+        if hasattr(heads, "tolist") and not isinstance(heads, Sequence):  # a tensor or an array
+            heads = heads.tolist()
+        hs = [as_index(h, "head") for h in heads] if isinstance(heads, Sequence) else [as_index(heads, "head")]
         if not hs:
             raise InputError(f"empty head set for layer {info.index}: pass heads=None for all heads")
         bad = [h for h in hs if not 0 <= h < info.n_heads]
@@ -173,15 +180,29 @@ class ProtocolMixin:
 
     def check_head_set(self, heads: Sequence[Head]) -> list[Head]:
         """Validate a list of ``(layer, head)`` pairs; layers are made non-negative."""
+        if isinstance(heads, (str, bytes)) or not isinstance(heads, (Sequence, set, frozenset)) \
+                and not hasattr(heads, "__iter__"):
+            raise InputError(f"heads must be a list of (layer, head) pairs, e.g. [(1, 0), (1, 3)], got {heads!r}")
+        items = list(heads)
+        if len(items) == 2 and all(_is_index(x) for x in items):
+            raise InputError(f"heads must be a list of (layer, head) pairs; for one head write [{tuple(items)!r}], "
+                             f"not {heads!r}")
         out: list[Head] = []
-        for item in heads:
+        for item in items:
+            if isinstance(item, str):
+                m = _HEAD_NAME.match(item.strip())
+                if not m:
+                    raise InputError(f"cannot read head {item!r}; write heads as (layer, head) pairs, e.g. (1, 0), "
+                                     "or as names like 'L1H0'")
+                item = (int(m.group(1)), int(m.group(2)))
             try:
                 layer, head = item
             except (TypeError, ValueError):
-                raise InputError(f"heads must be (layer, head) pairs, got {item!r}") from None
-            info = self.check_layer(int(layer))
-            self.check_heads(info.index, [int(head)])
-            out.append((info.index, int(head)))
+                raise InputError(f"heads must be (layer, head) pairs of ints, e.g. [(1, 0)], got {item!r}") from None
+            info = self.check_layer(as_index(layer, "layer"))
+            h = as_index(head, "head")
+            self.check_heads(info.index, [h])
+            out.append((info.index, h))
         return out
 
     def all_heads(self, kinds: Sequence[LayerKind] | None = None) -> list[Head]:
@@ -262,6 +283,9 @@ class ProtocolMixin:
                 f"tokens must be integer ids, got dtype {tokens.dtype}; to feed a residual stream, "
                 "pass start_at_layer=..."
             )
+        if tokens.shape[0] == 0:
+            raise InputError("the batch is empty (0 prompts); pass at least one prompt (e.g. build the task with "
+                             "n >= 1)")
         if tokens.shape[1] == 0:
             raise InputError("tokens have zero positions")
         if self.n_ctx is not None and tokens.shape[1] > self.n_ctx:

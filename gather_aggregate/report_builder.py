@@ -1,17 +1,24 @@
 """``gather-aggregate report``: one HTML report from the JSON files other subcommands wrote.
 
 Reads whatever is present in a results directory — ``eval.json``, ``scan.json``,
-``detect.json``, ``ablate.json``, ``pattern.json``, ``lm_eval.json``, ``summary.json`` — and turns
-each into report sections.  Unknown files are ignored.
+``detect.json``, ``ablate.json``, ``pattern.json``, ``lm_eval.json`` — and turns each into report
+sections, grouped by the model each result is from (every section title names
+it).  Heads are written ``L0H2``; nothing is shown as a Python repr.  Unknown
+files are ignored.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.viz.circuit import head_name
+
+_HASH = re.compile(r"^[0-9a-f]{16}$")
 
 
 def _read(path: Path) -> Any:
@@ -21,54 +28,131 @@ def _read(path: Path) -> Any:
         raise InputError(f"{path} is not valid JSON ({exc}); rerun the subcommand that wrote it") from None
 
 
+def model_of(data: Mapping[str, Any]) -> str:
+    """The model a result file is from: its ``model`` (name or path), else ``meta.model_name``."""
+    meta = data.get("meta", {}) if isinstance(data.get("meta"), Mapping) else {}
+    for value in (data.get("model"), meta.get("model_name"), meta.get("model")):
+        if isinstance(value, str) and value and not _HASH.match(value):
+            return Path(value).name if "/" in value else value
+    return "model not recorded"
+
+
+def heads_text(heads: Any) -> str:
+    """``[[1, 0], [1, 2]]`` → ``L1H0, L1H2``."""
+    return ", ".join(head_name(h) for h in heads or []) or "none"
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def _scan_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
+    from gather_aggregate.report import Figure, Table
+    from gather_aggregate.viz import head_score_heatmaps
+
+    meta = data.get("meta", {})
+    rows = data["rows"]
+    how = " ".join(str(meta[k]) for k in ("mode", "method") if meta.get(k))
+    status = "" if meta.get("complete", True) else " (incomplete: rerun with --resume)"
+    top = [{"rank": r.get("rank"), "head": head_name((r["layer"], r["head"])), "kind": r["kind"],
+            "drop": r["score"]} for r in rows[:10]]
+    return [Figure(head_score_heatmaps(rows, ("score",), titles=["ablation drop (metric clean - ablated)"],
+                                       title=f"{model}: head scan"),
+                   title=f"{model}: head scan ({how}){status}",
+                   caption=f"From {rel}. Boxes #1-#3: the three largest drops; grey cells: heads the layer does "
+                           f"not have. Clean metric {_fmt(meta.get('metric_clean'))}."),
+            Table(top, title=f"{model}: top heads of the scan")]
+
+
+def _detect_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
+    from gather_aggregate.report import Figure, KeyValues, Table
+    from gather_aggregate.viz import head_score_heatmaps
+
+    meta, rows = data.get("meta", {}), data["rows"]
+    reading = meta.get("reading", {"gather": "summary", "aggregate": "segment"})
+    # the detector's own masses where it has them, else the paper's summary-token scores
+    score_cols = [own if own in rows[0] else role
+                  for own, role in (("gather_mass", "gather"), ("aggregate_on_correct", "aggregate"))]
+    cols = [c for c in ("ablation_drop", *score_cols) if c in rows[0]]
+    evidence = {(la, h): ev for la, h, ev in meta.get("evidence", [])}
+
+    def named(role: str) -> str:
+        heads = meta.get(role, [])
+        return ", ".join(f"{head_name(h)} ({evidence.get(tuple(h), 'pattern')})" for h in heads) or "none named"
+
+    joint = meta.get("joint_drop") or {}
+    secs: list[Any] = [
+        Figure(head_score_heatmaps(rows, cols, title=f"{model}: Gather / Aggregate scores"),
+               title=f"{model}: Gather / Aggregate scores",
+               caption=f"From {rel}. Boxes #1-#3: the three highest scores of each panel; grey cells: heads "
+                       "the layer does not have."),
+        KeyValues({"Gather heads": named("gather"), "Aggregate heads": named("aggregate"),
+                   "G→A pairs": ", ".join(f"{head_name(g)} → {head_name(a)}" for g, a in meta.get("pairs", []))
+                   or "none",
+                   "read at": f"{reading.get('gather')} / {reading.get('aggregate')}",
+                   "group loss (share of the retrieval margin)":
+                       ", ".join(f"{role} {_fmt(d)}" for role, d in joint.items()) or "none measured"},
+                  title=f"{model}: detected heads")]
+    if meta.get("decisions"):  # the numbers behind each head's decision and the rule that made it
+        secs.append(Table([dict(r) for r in meta["decisions"]], title=f"{model}: why each head was named or left out"))
+    return secs
+
+
+def _ablate_sections(data: Mapping[str, Any], model: str) -> list[Any]:
+    from gather_aggregate.report import Table
+
+    clean, ablated = data.get("clean", {}), data.get("ablated", {})
+    rows = [{"task": t, "clean": clean[t], "ablated": ablated.get(t), "change": ablated.get(t, 0) - clean[t]}
+            for t in clean]
+    return [Table(rows, title=f"{model}: accuracy with {heads_text(data.get('heads'))} ablated "
+                              f"({data.get('method', 'zero')})")]
+
+
 def build_report_from_dir(results: Path, out: Path) -> Path:
     import torch
 
-    from gather_aggregate.report import Figure, KeyValues, Table, write_report
-    from gather_aggregate.viz import attention_heads, head_score_heatmaps
+    from gather_aggregate.report import KeyValues, write_report
+    from gather_aggregate.viz import attention_heads
 
-    sections: list[Any] = []
+    by_model: dict[str, list[Any]] = {}
     found = []
     for f in sorted(results.rglob("*.json")):
-        name = f.stem
+        name, rel = f.stem, str(f.relative_to(results))
         data = _read(f)
+        if not isinstance(data, Mapping):
+            continue
+        model = model_of(data)
+        secs = by_model.setdefault(model, [])
         if name == "eval":
-            found.append(f)
-            sections.append(KeyValues({"model": data.get("model"), "task": data.get("task"), "n": data.get("n"),
-                                       "accuracy": round(float(data.get("accuracy", float("nan"))), 4)},
-                                      title=f"Evaluation ({f.parent.name})"))
-        elif name.startswith("scan") and "rows" in data:
-            found.append(f)
-            rows = data["rows"]
-            sections.append(Figure(head_score_heatmaps(rows, ("score",), titles=["ablation drop"]),
-                                   title=f"Head scan: {f.relative_to(results)}"))
-            sections.append(Table(rows[:20], title=f"Top heads: {f.relative_to(results)}"))
-        elif name == "detect" and "rows" in data:
-            found.append(f)
-            cols = [c for c in ("ablation_drop", "gather", "aggregate") if c in data["rows"][0]]
-            sections.append(Figure(head_score_heatmaps(data["rows"], cols), title="Gather / Aggregate scores"))
-            meta = data.get("meta", {})
-            sections.append(KeyValues({k: str(v) for k, v in meta.items() if k not in ("decisions", "groups")},
-                                      title="Detected heads"))
-            if meta.get("decisions"):  # the numbers behind each head's decision and the rule that made it
-                sections.append(Table([{k: v for k, v in r.items()} for r in meta["decisions"]],
-                                      title="Why each head was named or left out"))
-        elif name == "ablate":
-            found.append(f)
-            sections.append(KeyValues({"heads": str(data.get("heads")), "clean": str(data.get("clean")),
-                                       "ablated": str(data.get("ablated"))}, title="Ablation"))
-        elif name == "lm_eval" and "rows" in data:
+            secs.append(KeyValues({"model": model, "task": data.get("task"), "prompts": data.get("n"),
+                                   "accuracy": round(float(data.get("accuracy", float("nan"))), 4)},
+                                  title=f"{model}: {data.get('task')} accuracy"))
+        elif name.startswith("scan") and data.get("rows"):
+            secs += _scan_sections(data, model, rel)
+        elif name == "detect" and data.get("rows"):
+            secs += _detect_sections(data, model, rel)
+        elif name == "ablate" and "clean" in data:
+            secs += _ablate_sections(data, model)
+        elif name == "lm_eval" and data.get("rows"):
             from gather_aggregate.lm_eval.schedule import report_sections
 
-            found.append(f)
-            sections.extend(report_sections(data))
-        elif name == "pattern":
-            found.append(f)
-            pat = torch.tensor(data["pattern"])
-            sections.append(attention_heads(pat, data["tokens"], layer=data["layer"],
-                                            heads=data["heads"], title=f"Layer {data['layer']} ({data['kind']})"))
+            secs += report_sections(data)
+        elif name == "pattern" and "pattern" in data:
+            which = data.get("prompt_index", 0)
+            secs.append(attention_heads(torch.tensor(data["pattern"]), data["tokens"], layer=data["layer"],
+                                        heads=data["heads"],
+                                        title=f"{model}: layer {data['layer']} ({data['kind']}), prompt {which} "
+                                              f"of {data.get('task', 'the task')}"))
+        else:
+            continue
+        found.append(rel)
     if not found:
         raise InputError(f"no results found in {str(results)!r}; run eval/scan/detect/ablate/pattern with "
                          f"--out {results} first")
-    return write_report(out, title="gather-aggregate results", sections=sections,
-                        meta={"results": str(results), "files": ", ".join(str(f.relative_to(results)) for f in found)})
+    sections: list[Any] = []
+    for _model, secs in sorted(by_model.items()):
+        sections += secs
+    models = sorted(m for m, s in by_model.items() if s)
+    return write_report(out, title=f"gather-aggregate results: {', '.join(models)}", sections=sections,
+                        meta={"models": ", ".join(models), "results": str(results), "files": ", ".join(found)})
+

@@ -18,7 +18,9 @@ Three implementations, one answer:
 
 Scans write a tidy table (layer, head, kind, score, rank, ...) atomically as
 JSON + CSV after every chunk, and ``resume=True`` continues an interrupted scan
-from that file (refusing one from another model or task).
+from that file (refusing one from another model or task).  A run killed at any
+moment leaves files that parse and agree (see :func:`gather_aggregate.io.write_table`),
+and the resumed scan writes exactly what an uninterrupted one writes.
 """
 
 from __future__ import annotations
@@ -100,7 +102,17 @@ def task_fingerprint(tokens: Tensor, metric: Metric, extra: dict[str, Any]) -> s
     return h.hexdigest()[:16]
 
 
+def check_metric_fn(metric: Any) -> None:
+    """Refuse a metric that is not a function ``logits -> scalar`` before any forward runs."""
+    if not callable(metric):
+        raise InputError(f"metric must be a function logits -> scalar tensor (e.g. mean log-prob of the answer), "
+                         f"got a {type(metric).__name__}; see gather_aggregate.workflows.task_metric")
+
+
 def _check_metric(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (Tensor, int, float)):
+        raise InputError(f"the metric must return a scalar tensor (or a number), got {type(value).__name__} "
+                         f"({what}); return e.g. logits[..., answer].log_softmax(-1).mean()")
     if not isinstance(value, Tensor):
         value = torch.as_tensor(value)
     if value.numel() != 1:
@@ -122,7 +134,8 @@ def _row(model: HookedModel, layer: int, head: int, clean: float, ablated: float
             "metric_clean": clean, "metric_ablated": ablated}
 
 
-def _prepare(model: HookedModel, tokens: Any, heads: Sequence[Head] | None) -> tuple[Tensor, list[Head]]:
+def _prepare(model: HookedModel, tokens: Any, heads: Sequence[Head] | None, metric: Any) -> tuple[Tensor, list[Head]]:
+    check_metric_fn(metric)
     tokens = model.validate_tokens(tokens)
     heads = model.all_heads() if heads is None else model.check_head_set(heads)
     if not heads:
@@ -141,9 +154,9 @@ def naive_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                progress: bool = False) -> ScanResult:
     """One full ``run_with_hooks`` per head: the reference the fast scans are tested against."""
-    tokens, heads = _prepare(model, tokens, heads)
+    tokens, heads = _prepare(model, tokens, heads, metric)
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
-                           n_pos=tokens.shape[1])
+                           n_pos=tokens.shape[1], inputs=tokens)
     with torch.no_grad():
         clean = _check_metric(metric(model(tokens)), "clean run")
         rows = []
@@ -184,10 +197,10 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         return exact_scan_ray(model, tokens, metric, heads, method, reference, per_position=per_position,
                               seed=seed, max_rows=max_rows, out=out, resume=resume, address=ray_address,
                               num_workers=num_workers)
-    tokens, heads = _prepare(model, tokens, heads)
+    tokens, heads = _prepare(model, tokens, heads, metric)
     batch = tokens.shape[0]
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
-                           n_pos=tokens.shape[1])
+                           n_pos=tokens.shape[1], inputs=tokens)
     meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
             "model": model_fingerprint(model),
             "task": task_fingerprint(tokens, metric, {"method": method, "per_position": per_position, "seed": seed}),
@@ -196,10 +209,13 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     if out is not None and resume and Path(out).is_file():
         rows = _load_resume(Path(out), meta)
     done = {(r["layer"], r["head"]) for r in rows}
+    rows = [r for r in rows if (r["layer"], r["head"]) in set(heads)]
     todo = [hd for hd in heads if hd not in done]
 
     per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
-    by_layer = group_by_layer(todo)
+    # chunks are cut from the full head list, so a resumed scan stacks the same copies per forward as an
+    # uninterrupted one and writes exactly the same numbers (a chunk is saved whole or not at all)
+    by_layer = group_by_layer(heads)
     readout = metric if isinstance(metric, ReadoutMetric) else None
     how = layer_resume.plan(model, by_layer, readout=readout is not None)
     with torch.no_grad():
@@ -212,7 +228,9 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         bar.update(len(heads) - len(todo))
         for layer, hs in by_layer.items():
             for start in range(0, len(hs), per_fwd):
-                chunk = [Edit(layer, h) for h in hs[start:start + per_fwd]]
+                chunk = [Edit(layer, h) for h in hs[start:start + per_fwd] if (layer, h) not in done]
+                if not chunk:
+                    continue
                 logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
                                                     lambda e, cur: rep.values(e.layer, e.head, cur), readout)
                 for i, e in enumerate(chunk):
@@ -324,9 +342,9 @@ def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[He
     ``torch.autograd.grad`` on zero-valued probes added at the head hooks, so
     no ``.grad`` is left on the model's parameters.
     """
-    tokens, heads = _prepare(model, tokens, heads)
+    tokens, heads = _prepare(model, tokens, heads, metric)
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
-                           n_pos=tokens.shape[1])
+                           n_pos=tokens.shape[1], inputs=tokens)
     by_layer = group_by_layer(heads)
     seen: dict[int, Tensor] = {}
     probes: dict[int, Tensor] = {}
@@ -342,6 +360,9 @@ def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[He
     fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in by_layer]
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
         value = metric(model(tokens))
+        if not isinstance(value, Tensor):
+            raise InputError(f"AtP needs the metric to return a tensor computed from the logits (to differentiate "
+                             f"it), got {type(value).__name__}; return e.g. logits.log_softmax(-1)[..., answer].mean()")
         clean = _check_metric(value.detach(), "clean run")
         if not value.requires_grad:
             raise InputError("the metric is not differentiable (no grad); AtP needs a metric computed from logits "

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.io import atomic_write_json, out_dir, write_table
+from gather_aggregate.io import atomic_write_json, out_dir, write_csv, write_table
 from gather_aggregate.protocol import HookedModel
 from gather_aggregate.tasks.metric import task_metric
 from gather_aggregate.zoo import resolve_model_path
@@ -34,16 +34,28 @@ def task_examples(args: argparse.Namespace, model: HookedModel, task: str | None
     return t.examples(model.tokenizer, n=args.n, seed=args.seed)
 
 
-def parse_heads(spec: str, model: HookedModel) -> list[tuple[int, int]]:
-    """``"1.0,1.3"`` → ``[(1, 0), (1, 3)]`` (validated against the model)."""
-    heads = []
-    for part in [p for p in spec.replace(" ", "").split(",") if p]:
+def precheck(args: argparse.Namespace) -> None:
+    """What can be checked before anything is created or loaded: the model's name or path and the device."""
+    from gather_aggregate.loading import parse_device, resolve_source
+
+    resolve_source(resolve_model_path(args.model))
+    parse_device(getattr(args, "device", None))
+
+
+def parse_heads(spec: Any, model: HookedModel) -> list[tuple[int, int]]:
+    """``"1.0,1.3"`` (or pairs already parsed by the CLI) → ``[(1, 0), (1, 3)]``, validated against the model."""
+    if isinstance(spec, str):
+        from gather_aggregate.cli import head_pairs
+
         try:
-            layer, head = part.split(".")
-            heads.append((int(layer), int(head)))
-        except ValueError:
-            raise InputError(f"cannot read head {part!r}; write heads as LAYER.HEAD, e.g. --heads 1.0,1.3") from None
-    return model.check_head_set(heads)
+            spec = head_pairs(spec)
+        except Exception as exc:  # noqa: BLE001 - argparse's type error, as one InputError
+            raise InputError(str(exc)) from None
+    return model.check_head_set(spec)
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "no_progress", False)
 
 
 def run_zoo(args: argparse.Namespace) -> int:
@@ -54,25 +66,37 @@ def run_zoo(args: argparse.Namespace) -> int:
         for name, path in list_zoo().items():
             print(f"{name}\t{path}")
         return 0
-    from gather_aggregate.training.train import main as train_main
+    import dataclasses
+    import json
 
-    argv = ["--arch", args.arch, "--seed", str(args.seed), "--threads", str(args.threads),
-            "--out", str(out_dir(args.out, f"ga_out/zoo-{args.arch}"))]
-    if args.steps is not None:
-        argv += ["--steps", str(args.steps)]
-    return int(train_main(argv) or 0)
+    from gather_aggregate.training.train import TrainConfig, train
+
+    try:
+        mixture = json.loads(args.mixture)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--mixture is not JSON ({exc}); e.g. --mixture '{{\"kv\": 0.5}}'") from None
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    kw = {k: v for k, v in vars(args).items() if k in fields and k not in ("mixture", "out", "progress")}
+    out = out_dir(args.out, f"ga_out/zoo-{args.arch}")
+    print(f"training a {args.arch} zoo model for {args.stop_after or args.steps} steps -> {out}")
+    train(TrainConfig(mixture=mixture, out=str(out), progress=_progress(args), **kw))
+    return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from gather_aggregate.tasks import evaluate
 
+    precheck(args)
+    out = out_dir(args.out, "ga_out/eval")
     model = load(args)
     examples = task_examples(args, model)
-    res = evaluate(model, examples, progress=True, seed=args.seed)
-    out = out_dir(args.out, "ga_out/eval")
-    atomic_write_json(out / "eval.json", {"model": args.model, "task": args.task, "n": res.n,
-                                          "accuracy": res.accuracy, "examples": res.to_rows()})
-    print(f"{args.task}: accuracy {res.accuracy:.3f} on {res.n} examples ({res.n_forwards} forwards) -> {out}/eval.json")
+    res = evaluate(model, examples, progress=_progress(args), seed=args.seed)
+    rows = res.to_rows()
+    atomic_write_json(out / "eval.json", {"model": args.model, "task": args.task, "n": res.n, "seed": args.seed,
+                                          "accuracy": res.accuracy, "examples": rows})
+    write_csv(out / "eval.csv", rows)
+    print(f"{args.task}: accuracy {res.accuracy:.3f} on {res.n} prompts (seed {args.seed}, {res.n_forwards} forwards)"
+          f" -> {out}/eval.json, eval.csv")
     return 0
 
 
@@ -80,22 +104,24 @@ def run_scan(args: argparse.Namespace) -> int:
     from gather_aggregate.attribution import attribution_scan
     from gather_aggregate.scan import exact_scan
 
+    precheck(args)
+    out = out_dir(args.out, "ga_out/scan")
     model = load(args)
     examples = task_examples(args, model)
     tokens, metric = task_metric(model, examples)
-    out = out_dir(args.out, "ga_out/scan")
-    reference = tokens.roll(1, 0) if args.ablation != "zero" else None
+    reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts
     t0 = time.perf_counter()
     if args.mode == "exact":
         ray = getattr(args, "ray", None)
         result = exact_scan(model, tokens, metric, method=args.ablation, reference=reference,
                             out=out / "scan.json", resume=args.resume, ray=ray is not None,
                             ray_address=None if ray in (None, "local") else ray,
-                            num_workers=getattr(args, "workers", 2))
+                            num_workers=getattr(args, "workers", 2), progress=_progress(args))
     else:
         result = attribution_scan(model, tokens, metric, method=args.ablation, reference=reference,
                                   estimator=args.mode)
-        result.save(out / "scan.json")
+    result.meta.update(model_name=args.model, task_name=args.task)
+    result.save(out / "scan.json")
     print(f"{args.mode} scan of {len(result.rows)} heads on {args.task} in {time.perf_counter() - t0:.1f} s "
           f"(clean metric {result.meta['metric_clean']:.4f}) -> {out}/scan.json, scan.csv")
     _print_rows(result.rows[:10], ["rank", "layer", "head", "kind", "score"])
@@ -107,19 +133,20 @@ def run_detect(args: argparse.Namespace) -> int:
     from gather_aggregate.errors import ResumeMismatchError
     from gather_aggregate.scan import exact_scan
 
+    precheck(args)
+    out = out_dir(args.out, "ga_out/detect")
     model = load(args)
     examples = task_examples(args, model)
-    out = out_dir(args.out, "ga_out/detect")
     scan_file = out / "scan.json"
     tokens, metric = task_metric(model, examples)
     try:  # reuse a scan.json only when it was written for this model and these prompts (task, seed, count)
-        scan = exact_scan(model, tokens, metric, out=scan_file, resume=True)
+        scan = exact_scan(model, tokens, metric, out=scan_file, resume=True, progress=_progress(args))
     except ResumeMismatchError as exc:
         print(f"note: {exc}; rescanning into {scan_file}")
         scan_file.unlink()
-        scan = exact_scan(model, tokens, metric, out=scan_file)
+        scan = exact_scan(model, tokens, metric, out=scan_file, progress=_progress(args))
     ga = find_ga_heads(model, examples, scan, reading=args.reading)
-    write_table(ga.table, out / "detect.json", ga.summary())
+    write_table(ga.table, out / "detect.json", {**ga.summary(), "model_name": args.model, "task_name": args.task})
     print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
     print(f"read by: {ga.reading['gather']} / {ga.reading['aggregate']}; evidence: "
           + (", ".join(f"L{la}H{h} {ev}" for (la, h), ev in ga.evidence.items()) or "none"))
@@ -136,39 +163,55 @@ def run_detect(args: argparse.Namespace) -> int:
 def run_ablate(args: argparse.Namespace) -> int:
     from gather_aggregate.experiments import remove_only
 
+    if not args.heads:
+        raise InputError("no heads given; pass --heads LAYER.HEAD[,LAYER.HEAD...], e.g. --heads 1.0,1.3")
+    precheck(args)
+    out = out_dir(args.out, "ga_out/ablate")
     model = load(args)
     heads = parse_heads(args.heads, model)
-    if not heads:
-        raise InputError("no heads given; pass --heads LAYER.HEAD[,LAYER.HEAD...]")
     examples = task_examples(args, model)
     reference = None
     if args.ablation != "zero":
         tokens, _ = task_metric(model, examples)
         reference = tokens.roll(1, 0)
     res = remove_only(model, heads, {args.task: examples}, method=args.ablation, reference=reference)
-    out = out_dir(args.out, "ga_out/ablate")
-    atomic_write_json(out / "ablate.json", {"model": args.model, **res})
-    print(f"{args.task}: clean {res['clean'][args.task]:.3f} -> ablated {res['ablated'][args.task]:.3f} "
-          f"with {heads} removed -> {out}/ablate.json")
+    atomic_write_json(out / "ablate.json", {"model": args.model, "method": args.ablation, "seed": args.seed, **res})
+    names = " ".join(f"L{la}H{h}" for la, h in heads)
+    write_csv(out / "ablate.csv", [{"task": t, "heads": names, "method": args.ablation, "clean": res["clean"][t],
+                                    "ablated": res["ablated"][t]} for t in res["clean"]])
+    print(f"{args.task}: accuracy {res['clean'][args.task]:.3f} clean -> {res['ablated'][args.task]:.3f} with "
+          f"{names} ablated ({args.ablation}) -> {out}/ablate.json, ablate.csv")
     return 0
 
 
 def run_pattern(args: argparse.Namespace) -> int:
-    model = load(args)
-    examples = task_examples(args, model)
-    ex = examples[0]
-    heads = [int(h) for h in args.heads.split(",") if h.strip()] or None
     import torch
 
-    tokens = torch.tensor([ex.input_ids], device=model.device)
-    pat = model.pattern(tokens, args.layer, heads=heads)[0]
+    if args.prompt >= args.n:
+        raise InputError(f"--prompt {args.prompt} but only --n {args.n} prompts are built; pass --prompt 0.."
+                         f"{args.n - 1} or a larger --n")
+    precheck(args)
     out = out_dir(args.out, "ga_out/pattern")
+    model = load(args)
+    info = model.check_layer(args.layer)
+    heads = model.check_heads(info.index, args.heads) if args.heads else list(range(info.n_heads))
+    examples = task_examples(args, model)
+    ex = examples[args.prompt]
+    tokens = torch.tensor([ex.input_ids], device=model.device)
+    pat = model.pattern(tokens, info.index, heads=heads)[0].float().cpu()  # [head, query, key]
+    str_tokens = model.to_str_tokens(tokens)
     atomic_write_json(out / "pattern.json", {
-        "model": args.model, "layer": args.layer, "kind": model.layers[args.layer].kind,
-        "heads": heads or list(range(model.layers[args.layer].n_heads)),
-        "tokens": model.to_str_tokens(tokens), "pattern": pat.float().cpu().tolist(),
-        "segments": [vars(s) for s in ex.segments], "query_pos": ex.query_pos})
-    print(f"layer {args.layer} ({model.layers[args.layer].kind}) pattern {tuple(pat.shape)} -> {out}/pattern.json")
+        "model": args.model, "task": args.task, "seed": args.seed, "prompt_index": args.prompt,
+        "prompt": ex.prompt, "layer": info.index, "kind": info.kind, "heads": heads, "tokens": str_tokens,
+        "pattern": pat.tolist(), "segments": [vars(s) for s in ex.segments], "query_pos": ex.query_pos})
+    write_csv(out / "pattern.csv", [
+        {"head": h, "query": q, "key": k, "query_token": str_tokens[q], "key_token": str_tokens[k],
+         "weight": float(pat[i, q, k])}
+        for i, h in enumerate(heads) for q in range(pat.shape[1]) for k in range(q + 1)])
+    last = ex.prompt.strip().splitlines()[-1][:60]
+    print(f"layer {info.index} ({info.kind}), heads {','.join(map(str, heads))}: the pattern of prompt "
+          f"{args.prompt} of {args.n} ({args.task}, seed {args.seed}; {len(str_tokens)} tokens, ending "
+          f"{last!r}) -> {out}/pattern.json, pattern.csv")
     return 0
 
 

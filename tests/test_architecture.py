@@ -21,14 +21,14 @@ MAX_LINES = 500
 #: The layers, in import order: a module may import modules of its own layer or an earlier one.
 #: Names are module paths below ``gather_aggregate`` (a package name covers every module in it).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core": ("_lazy", "errors", "io", "protocol", "readout", "metrics"),
+    "core": ("_lazy", "errors", "indices", "io", "protocol", "readout", "metrics"),
     "tasks/models": ("tasks", "adapters", "loading", "support", "bridge", "zoo", "testing", "hybridise.config",
                      "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
     "interventions": ("interventions", "layer_resume", "distributed"),
     "analysis": ("scan", "patching", "attribution_paths", "attribution_star", "attribution", "detect",
                  "detect_evidence", "detect_causal", "detect_rules", "experiments", "claims", "hybridise.choose",
                  "hybridise.distill"),
-    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "training",
+    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "demo_report", "training",
                    "hybridise", "lm_eval"),  # the rest of hybridise: its facade, experiment.py, memory_cli.py
 }
 

@@ -65,7 +65,12 @@ def test_detect_does_not_reuse_a_scan_of_other_prompts(results, tiny_llama_dir, 
 def test_report_from_results(results):
     assert main(["report", "--results", str(results), "--out", str(results)]) == 0
     html = (results / "report.html").read_text()
-    assert "Head scan" in html and "Gather / Aggregate scores" in html and "<script" in html
+    assert "head scan" in html and "Gather / Aggregate scores" in html and "<script" in html
+    # issue 25: results say which model they are from, heads read L0H2, no Python reprs
+    model = os.path.basename(json.loads((results / "eval" / "eval.json").read_text())["model"])
+    assert f"{model}: head scan" in html and f"{model}: kv accuracy" in html and "L1H0, L1H2" in html
+    text = re.sub(r"<script.*?</script>", "", html, flags=re.S)
+    assert not re.search(r"\[\[\d|\(\d+, \d+\)|\{'|\{\}", text)
     assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?:", html)  # JS inlined, nothing fetched
 
 
@@ -77,25 +82,35 @@ def test_zoo_list(capsys):
 
 
 def _cli(*argv, env_extra=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    env = {k: v for k, v in os.environ.items()  # an in-process main() above set the quiet defaults
+           if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
+    env = {**env, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "gather_aggregate.cli", *argv], capture_output=True, text=True, env=env)
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["eval", "--model", "/no/such/model"], "download it first"),
-    (["eval", "--model", "TINY", "--task", "nonsense"], "unknown task"),
+    (["eval", "--model", "/no/such/model"], "no such model directory"),
+    (["eval", "--model", "llama-kvm"], "did you mean the zoo model 'llama-kvmc'"),
+    (["eval", "--model", "TINY", "--device", "banana"], "unknown device 'banana'"),
+    (["eval", "--model", "TINY", "--device", "cuda"], "no CUDA"),
+    (["eval", "--model", "TINY", "--task", "nonsense"], "invalid choice: 'nonsense'"),
     (["eval", "--model", "TINY", "--out", "/proc/forbidden"], "writable"),
     (["ablate", "--model", "TINY", "--heads", "9.9"], "out of range"),
 ])
 def test_errors_are_one_line_with_the_fix(argv, needle, tiny_llama_dir):
+    import torch
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
     argv = [str(tiny_llama_dir) if a == "TINY" else a for a in argv]
     out = _cli(*argv)
     assert out.returncode == 2, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("gather-aggregate")]
     assert len(lines) == 1 and needle in lines[0], out.stderr
     assert "Traceback" not in out.stderr
-    debug = _cli(*argv, "--debug")
-    assert "Traceback" in debug.stderr
+    if "invalid choice" not in needle:  # option values are refused by the parser, before anything runs
+        debug = _cli(*argv, "--debug")
+        assert "Traceback" in debug.stderr
 
 
 @pytest.mark.skipif(not __import__("gather_aggregate.zoo", fromlist=["list_zoo"]).list_zoo(),
@@ -116,7 +131,87 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     assert {tuple(hd) for hd in ga["gather"] + ga["aggregate"]} == set(why) and set(why.values()) <= {"alone", "joint"}
     assert all(g[0] < a[0] for g, a in ga["pairs"])
     html = (tmp_path / "report.html").read_text()
-    assert "G→A pairs" in html
+    assert f"{name}: the circuit" in html and "ga-circuit" in html
     assert "<html" in html.lower() and name in html and '<script src="http' not in html  # self-contained
     assert (tmp_path / f"scan_{name}.json").is_file()
-    assert "accuracy (chance" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "accuracy on 24 prompts per task (seed 0)" in printed
+    # the console tables fit their columns: every row of a table is as wide as its header or narrower
+    acc = printed.split("accuracy on")[1].split("\n\n")[0].splitlines()[1:]
+    assert len({ln.index("kv") for ln in acc[:1]}) == 1 and all(len(ln) <= len(acc[0]) + 1 for ln in acc)
+    if not ga["aggregate"]:
+        assert "no Aggregate head named" in printed
+
+
+# ---- issue 25: options, quiet output, CSV twins -------------------------------------------------------------
+@pytest.mark.parametrize("argv,needle", [
+    (["eval", "--model", "M", "--dict-size", "0"], "--dict-size must be at least 1, got 0"),
+    (["detect", "--model", "M", "--z", "-1"], "--z: must be a positive finite number"),
+    (["detect", "--model", "M", "--z", "nan"], "--z: must be a positive finite number"),
+    (["pattern", "--model", "M", "--layer", "-1"], "--layer must be at least 0, got -1"),
+    (["ablate", "--model", "M", "--heads", "a,b"], "cannot read head 'a'"),
+    (["ablate", "--model", "M"], "the following arguments are required: --heads"),
+    (["scan", "--model", "M", "--n", "0"], "--n must be at least 1"),
+    (["eval", "--task", "kv"], "the following arguments are required: --model"),
+    (["zoo", "train", "--arch", "mamba"], "invalid choice: 'mamba'"),
+])
+def test_option_values_are_checked_before_any_model_loads(argv, needle):
+    # M does not exist: the error must be about the option, found before any loading
+    out = _cli(*argv)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "--help" in lines[0], out.stderr
+
+
+def test_each_subcommand_lists_only_its_own_options():
+    import gather_aggregate.cli as cli
+    from gather_aggregate.cli import build_parser
+    from gather_aggregate.tasks.registry import TASK_NAMES
+    from gather_aggregate.training.train_args import ARCHS
+
+    assert tuple(cli.TASKS) == tuple(TASK_NAMES)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices
+
+    def options(name):
+        return {o for a in sub[name]._actions for o in a.option_strings}
+
+    assert "--model" not in options("report") and "--task" not in options("report")
+    assert "--z" not in options("eval") and "--layer" not in options("scan") and "--heads" not in options("eval")
+    assert {"--z", "--reading"} <= options("detect") and {"--layer", "--prompt"} <= options("pattern")
+    for name, p in sub.items():
+        for a in p._actions:
+            assert a.help or not a.option_strings, (name, a.option_strings)  # every option has a help text
+    assert "comma list" in sub["demo"].format_help()
+    assert "default: ga_out/eval" in " ".join(sub["eval"].format_help().split())  # --help states output dirs
+    zoo_help = " ".join(sub["zoo"].format_help().split())
+    assert "--arch {" + ",".join(ARCHS) + "}" in zoo_help and "--steps" in zoo_help
+
+
+def test_quiet_by_default_and_verbose_shows_loading_bars(tiny_llama_dir, tmp_path):
+    argv = ["eval", "--model", str(tiny_llama_dir), "--n", "2", "--dict-size", "2", "--out", str(tmp_path)]
+    quiet = _cli(*argv)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Loading weights" not in quiet.stderr
+    loud = _cli(*argv, "-v")
+    assert loud.returncode == 0 and "Loading weights" in loud.stderr
+
+
+def test_eval_ablate_pattern_write_csv_twins_and_pattern_says_which_prompt(results, capsys, tiny_llama_dir):
+    import csv
+
+    ev = json.loads((results / "eval" / "eval.json").read_text())
+    rows = list(csv.DictReader((results / "eval" / "eval.csv").open()))
+    assert len(rows) == ev["n"] == 6 and [r["correct"] for r in rows] == [str(e["correct"]) for e in ev["examples"]]
+    abl = list(csv.DictReader((results / "ablate" / "ablate.csv").open()))
+    assert abl[0]["task"] == "kv" and abl[0]["heads"] == "L1H0 L1H2"
+    pat = json.loads((results / "pattern" / "pattern.json").read_text())
+    assert pat["prompt_index"] == 0 and pat["prompt"].startswith("Memorize")
+    cells = list(csv.DictReader((results / "pattern" / "pattern.csv").open()))
+    n = len(pat["tokens"])
+    assert len(cells) == len(pat["heads"]) * n * (n + 1) // 2
+    out = str(results / "pattern2")
+    assert main(["pattern", "--model", str(tiny_llama_dir), "--n", "3", "--prompt", "2", "--layer", "1",
+                 "--out", out]) == 0
+    assert "pattern of prompt 2 of 3 (kv, seed 0" in capsys.readouterr().out
+    assert main(["pattern", "--model", str(tiny_llama_dir), "--n", "3", "--prompt", "3", "--out", out]) == 2

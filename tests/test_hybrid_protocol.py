@@ -53,7 +53,8 @@ def test_load_model_returns_one_hooked_model_with_both_kinds(saved):
     assert isinstance(model, HookedHybrid) and model.tokenizer is not None
     kinds = {i.kind for i in model.layers}
     assert kinds == {"attn", "ssm"}
-    assert model.n_ctx is None and model.d_vocab == hf.config.vocab_size
+    # prompts past the config's positions are refused, as the bridge refuses them
+    assert model.n_ctx == getattr(hf.config, "max_position_embeddings", None) and model.d_vocab == hf.config.vocab_size
     tokens = _tokens(model)
     assert (model(tokens) - hf_hybrid_logits(hf, tokens)).abs().max() < 1e-4
     text_logits = model("The value of the key")

@@ -92,4 +92,4 @@ def test_cli_errors_are_one_line(argv):
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "warn" not in ln.lower()]
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert "download it first" in lines[0] or "local directory" in lines[0]
+    assert "no such model directory" in lines[0]

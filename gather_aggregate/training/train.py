@@ -34,9 +34,8 @@ import torch
 
 from gather_aggregate.training.data import Mixture, collate, length_bucketed, sample_doc
 from gather_aggregate.training.quick_eval import eval_suite, suite_accuracies
+from gather_aggregate.training.train_args import ARCHS
 from gather_aggregate.training.vocab import PAD, World, build_tokenizer, make_world, save_world
-
-ARCHS = ("llama", "mamba2", "mamba1", "bamba")
 
 # Default sizes per architecture (overridable from the CLI).
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -79,6 +78,7 @@ class TrainConfig:
     grow_to: int | None = None  # llama warm start only: append identity-initialised layers up to this depth
     keep_checkpoints: bool = False  # also keep each eval's checkpoint in <out>/checkpoints/step<N>
     stop_after: int | None = None  # stop after this many steps; the learning-rate schedule still spans `steps`
+    progress: bool = True  # a tqdm bar over the steps (the log lines stay)
 
     def resolved(self) -> TrainConfig:
         cfg = dataclasses.replace(self)
@@ -242,6 +242,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     run_loss, run_n, step = 0.0, 0, 0
     pending: list = []
     metrics: dict[str, float] = {}
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=min(cfg.steps, cfg.stop_after or cfg.steps), desc=f"training {cfg.arch}", unit="step",
+               disable=not cfg.progress, dynamic_ncols=True)
     for step in range(cfg.steps):
         model.train()
         for g in opt.param_groups:
@@ -260,6 +264,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         opt.step()
         run_loss += loss.item()
         run_n += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         minutes = (time.time() - t0) / 60
         last = (step == cfg.steps - 1 or minutes > cfg.max_minutes
                 or (cfg.stop_after is not None and step + 1 >= cfg.stop_after))
@@ -280,43 +286,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             print(f"[zoo] step {step + 1} loss {run_loss / run_n:.4f} {minutes:.1f} min", flush=True)
         if last:
             break
+    bar.close()
     return record
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    from gather_aggregate.training.train_args import add_train_arguments
+
     p = argparse.ArgumentParser(prog="gather-aggregate zoo train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", choices=ARCHS, default="llama")
-    p.add_argument("--out", required=True, help="model directory to write (created if missing)")
-    p.add_argument("--steps", type=int, default=6000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--world-seed", type=int, default=0, help="seed of the vocabulary and facts (keep 0 for the zoo)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--bucket", type=int, default=4, help="batches drawn at once and grouped by length")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--warmup", type=int, default=100)
-    for name in ("d-model", "n-layers", "n-heads", "d-ff", "d-state"):
-        p.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--kv-start", type=int, default=4)
-    p.add_argument("--kv-max", type=int, default=16)
-    p.add_argument("--curriculum", type=float, default=0.4, help="share of the steps over which KV size grows")
-    p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--eval-n", type=int, default=128)
-    p.add_argument("--max-minutes", type=float, default=90.0)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--mixture", type=str, default="{}", help='JSON overrides of data.Mixture, e.g. \'{"kv": 0.5}\'')
-    p.add_argument("--attn-layers", type=lambda v: [int(x) for x in v.split(",") if x], default=None,
-                   help="bamba only: comma-separated attention layer indices (default: the last layer)")
-    p.add_argument("--grow-to", type=int, default=None, metavar="N",
-                   help="llama with --init only: append identity-initialised layers up to N layers")
-    p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
-    p.add_argument("--keep-checkpoints", action="store_true",
-                   help="also keep every eval's checkpoint, in <out>/checkpoints/step<N> (for curriculum stages)")
-    p.add_argument("--stop-after", type=int, default=None, metavar="N",
-                   help="stop after N steps while the learning-rate schedule still spans --steps (a stage that "
-                        "takes the step-N checkpoint of a longer run)")
+    add_train_arguments(p)
     a = p.parse_args(argv)
-    kw = {k: v for k, v in vars(a).items() if k != "mixture"}
+    kw = {k: v for k, v in vars(a).items() if k not in ("mixture", "no_progress")}
+    kw["progress"] = not a.no_progress
     return TrainConfig(mixture=json.loads(a.mixture), **kw)
 
 

@@ -57,3 +57,57 @@ def json_for_script(obj: Any) -> str:
     """JSON that can sit inside ``<script>``: ``<``, ``>`` and ``&`` only occur in strings, so escape them."""
     text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+@functools.lru_cache(maxsize=4)
+def packed_script(name: str, js: str) -> str:
+    """``js`` gzip-compressed and base64-encoded in an inert ``<script>`` that :func:`unpack_loader` runs.
+
+    Deterministic (``mtime=0``), so the same library gives the same bytes in every report.
+    """
+    import base64
+    import gzip
+
+    data = base64.b64encode(gzip.compress(js.encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
+    if not re.fullmatch(r"[a-z0-9-]+", name):
+        raise InputError(f"asset name {name!r} must be lower-case letters, digits and dashes")
+    return (f'<script type="application/gzip+base64" class="ga-packed" data-name="{name}">'
+            f"/* {name}, gzip + base64 */{data}</script>")
+
+
+_LOADER = """<script>
+/* Unpacks the inlined libraries (gzip + base64) with the browser's DecompressionStream, then runs the
+   figure and view scripts (type text/ga-deferred) in document order.  Nothing is fetched. */
+(function () {
+  async function unpack(el) {
+    const text = el.textContent.replace(/^\\/\\*.*?\\*\\//, "").trim();
+    const bin = Uint8Array.from(atob(text), c => c.charCodeAt(0));
+    const stream = new Blob([bin]).stream().pipeThrough(new DecompressionStream("gzip"));
+    const s = document.createElement("script");
+    s.text = await new Response(stream).text();
+    document.head.appendChild(s);
+  }
+  const parsed = new Promise(r => document.readyState === "loading"
+    ? document.addEventListener("DOMContentLoaded", r) : r());
+  (async function () {
+    if (typeof DecompressionStream === "undefined") {
+      document.body.insertAdjacentHTML("afterbegin", "<p class='ga-note'>This browser cannot unpack the " +
+        "report's inlined libraries (no DecompressionStream); open it in a current Chrome, Firefox or Safari.</p>");
+      return;
+    }
+    for (const el of document.querySelectorAll("script.ga-packed")) await unpack(el);
+    await parsed;
+    for (const old of document.querySelectorAll('script[type="text/ga-deferred"]')) {
+      const s = document.createElement("script");
+      s.text = old.textContent;
+      old.replaceWith(s);
+    }
+    document.documentElement.dataset.gaReady = "1";
+  })().catch(e => { console.error("gather-aggregate report: " + e); });
+})();
+</script>"""
+
+
+def unpack_loader() -> str:
+    """The ``<script>`` that unpacks :func:`packed_script` libraries and then runs the deferred scripts."""
+    return _LOADER

@@ -209,11 +209,92 @@ def cumulative_ablation_curve(
     fig = _line_figure(rows, x=x, ys=ys, series=series, label=label, kind=None, baseline=baseline, chance=chance,
                        what=what)
     metric = ys[0] if len(ys) == 1 else "metric"
+    count_axis = x in ("k", "n_ablated", "n_removed")
+    xs = sorted({float(r[x]) for r in rows if r.get(x) is not None})
     fig.update_layout(
         title=title or f"Cumulative ablation: {metric} as heads are removed",
-        xaxis={"title": {"text": "heads ablated (cumulative)" if x in ("k", "n_ablated", "n_removed") else x}},
+        xaxis={"title": {"text": "heads ablated (cumulative)" if count_axis else x},
+               **(_count_ticks(xs) if count_axis else {})},
         yaxis={"title": {"text": y_title or metric}},
     )
+    return fig
+
+
+def _count_ticks(xs: Sequence[float]) -> dict[str, Any]:
+    """Axis settings for a count (heads, layers): ticks at whole numbers only."""
+    if len(xs) <= 12:
+        return {"tickmode": "array", "tickvals": list(xs), "ticktext": [f"{v:g}" for v in xs]}
+    return {"tickformat": "d", "dtick": max(1, math.ceil((max(xs) - min(xs)) / 10))}
+
+
+def ablation_small_multiples(
+    tables: Mapping[str, Any],
+    *,
+    tasks: Sequence[str] | None = None,
+    x: str = "k",
+    chance: Mapping[str, float] | None = None,
+    title: str | None = None,
+    cols: int = 4,
+) -> go.Figure:
+    """Cumulative ablation as small multiples: one panel per model, one line per task.
+
+    ``tables`` maps a model name to its cumulative-ablation rows (``x`` = heads
+    removed, one accuracy column per task), as
+    :func:`gather_aggregate.experiments.cumulative_ablation` writes them.  Every
+    task keeps one colour across all panels (one legend entry per task); the x
+    axis shows whole numbers of heads; ``chance`` draws each task's chance
+    level as a dotted line in its colour.
+    """
+    from plotly.subplots import make_subplots
+
+    what = "cumulative-ablation tables"
+    if not isinstance(tables, Mapping) or not tables:
+        raise InputError(f"{what}: pass a non-empty dict {{model name: rows}}")
+    if cols < 1:
+        raise InputError(f"cols must be at least 1, got {cols}")
+    data = {str(m): as_rows(rows, what=f"{what} ({m})") for m, rows in tables.items()}
+    for m, rows in data.items():
+        require(rows, [x], what=f"{what} ({m})")
+    if tasks is None:
+        first = next(iter(data.values()))
+        tasks = [c for c in first[0] if c != x and c not in _NOT_METRICS and _is_number(first[0][c])]
+    tasks = list(tasks)
+    if not tasks:
+        raise InputError(f"{what}: no task columns found; pass tasks=[...]")
+    n = len(data)
+    ncols = min(cols, n)
+    nrows = math.ceil(n / ncols)
+    fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=list(data), shared_yaxes=True,
+                        horizontal_spacing=0.04, vertical_spacing=0.16 if nrows > 1 else 0.1)
+    xs_all: set[float] = set()
+    for i, (m, rows) in enumerate(data.items()):
+        row, col = i // ncols + 1, i % ncols + 1
+        rows = sorted(rows, key=lambda r: float(r[x]))
+        xs = [number(r[x], column=x, row=j, what=what) for j, r in enumerate(rows)]
+        xs_all.update(v for v in xs if v is not None)
+        for t_i, t in enumerate(tasks):
+            color = PALETTE[t_i % len(PALETTE)]
+            ys = [number(r.get(t), column=t, row=j, what=f"{what} ({m})") for j, r in enumerate(rows)]
+            hover = []
+            for j, r in enumerate(rows):
+                step = _step_label(r.get("heads"), rows[j - 1].get("heads") if j else None) if "heads" in r else ""
+                hover.append(f"{m} · {t}<br>{fmt(r[x])} heads removed<br><b>accuracy {fmt(ys[j])}</b>"
+                             + (f"<br>added: {step}" if step else ""))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=t, legendgroup=t, showlegend=i == 0,
+                                     line={"color": color}, marker={"size": 6}, text=hover,
+                                     hovertemplate="%{text}<extra></extra>"), row=row, col=col)
+            if chance and t in chance:
+                fig.add_hline(y=float(chance[t]), line={"dash": "dot", "color": color, "width": 1}, row=row, col=col)
+    ticks = _count_ticks(sorted(xs_all))
+    fig.update_xaxes(**ticks)
+    fig.update_yaxes(range=[0, 1.05])
+    for r in range(1, nrows + 1):
+        fig.update_yaxes(title_text="accuracy", row=r, col=1)
+    for c in range(1, ncols + 1):
+        fig.update_xaxes(title_text="heads removed", row=nrows, col=c)
+    fig.update_layout(title=title or "Cumulative ablation: accuracy as the scan's top heads are removed",
+                      template="plotly_white", height=260 * nrows + 120, legend={"title": {"text": "task"}},
+                      hovermode="closest")
     return fig
 
 

@@ -73,10 +73,34 @@ def _grid(rows: Rows, score: str, hover_columns: Sequence[str] | None) -> dict[s
             "vmin": min(values) if values else 0.0, "vmax": max(values) if values else 0.0}
 
 
-def _color_args(g: dict[str, Any], colorscale: str | None) -> dict[str, Any]:
+#: fixed colour ranges of scores that are shares of a row (never stretched to a model's own maximum)
+SHARE_SCORES = ("gather", "aggregate", "gather_segment", "aggregate_segment", "gather_incl_prev", "aggregate_hit")
+
+
+def _color_args(g: dict[str, Any], colorscale: str | None,
+                zrange: tuple[float, float] | None = None) -> dict[str, Any]:
+    if zrange is not None:
+        lo, hi = float(zrange[0]), float(zrange[1])
+        if not lo < hi:
+            raise InputError(f"a colour range must be (low, high) with low < high, got {zrange!r}")
+        lo, hi = min(lo, g["vmin"]), max(hi, g["vmax"])  # never clip a value
+        if lo < -0.02 * hi:  # materially signed: diverging around 0
+            m = max(-lo, hi)
+            return {"colorscale": colorscale or "RdBu_r", "cmin": -m, "cmax": m}
+        return {"colorscale": colorscale or "Viridis", "cmin": lo, "cmax": hi}
     if g["vmin"] < 0 < g["vmax"]:  # signed scores (e.g. an ablation that helps): diverging around 0
         return {"colorscale": colorscale or "RdBu_r", "cmid": 0.0}
     return {"colorscale": colorscale or "Viridis"}
+
+
+def default_range(score: str, g: dict[str, Any], floor: float) -> tuple[float, float] | None:
+    """Shares of a row on ``[0, 1]``; anything else at least ``±floor`` wide (so noise stays pale)."""
+    if score in SHARE_SCORES and g["vmax"] <= 1:
+        return (min(0.0, g["vmin"]), 1.0)
+    if floor > 0:
+        m = max(abs(g["vmin"]), abs(g["vmax"]), floor)
+        return (-m, m) if g["vmin"] < 0 else (0.0, m)
+    return None
 
 
 def _traces(g: dict[str, Any], score: str, mark_top: int, coloraxis: str) -> list[go.BaseTraceType]:
@@ -118,11 +142,17 @@ def head_score_heatmap(
     hover_columns: Sequence[str] | None = None,
     mark_top: int = 3,
     colorscale: str | None = None,
+    floor: float = 0.0,
 ) -> go.Figure:
     """One layer × head heatmap of ``score`` (any numeric column of the table).
 
     ``hover_columns`` lists the extra columns shown on hover (default: all);
     pass ``[]`` for huge tables (e.g. Mamba-1 with one head per channel).
+    Colours: shares of a row (Gather / Aggregate scores) always span ``[0, 1]``;
+    other scores span their own range, at least ``±floor`` wide (e.g.
+    ``floor=0.1`` nats keeps a random model's tiny ablation drops pale).
+    Cells of heads a layer does not have are grey; the ``mark_top`` best
+    heads are outlined and numbered #1, #2, ...
     """
     rows = as_rows(table, what="head-score table")
     g = _grid(rows, score, hover_columns)
@@ -130,7 +160,8 @@ def head_score_heatmap(
     ranges = _axis_ranges(g)
     fig.update_layout(
         title=title or f"{score} by layer and head",
-        coloraxis={**_color_args(g, colorscale), "colorbar": {"title": {"text": score}}},
+        coloraxis={**_color_args(g, colorscale, default_range(score, g, floor)),
+                   "colorbar": {"title": {"text": score}}},
         annotations=_rank_labels(g, mark_top),
         xaxis={"title": {"text": "head"}, "dtick": 1 if g["width"] <= 32 else None, "showgrid": False,
                "zeroline": False, "range": ranges["x"]},
@@ -150,8 +181,12 @@ def head_score_heatmaps(
     title: str | None = None,
     hover_columns: Sequence[str] | None = None,
     mark_top: int = 3,
+    floor: float = 0.0,
 ) -> go.Figure:
     """Side-by-side heatmaps of several score columns of one table, each with its own colour bar.
+
+    Colour ranges as in :func:`head_score_heatmap` (``floor`` for the scores
+    that are not shares of a row).
 
     Columns missing from the table are skipped with a note in the title; at
     least one must be present.
@@ -176,7 +211,7 @@ def head_score_heatmaps(
             fig.add_trace(tr, row=1, col=i + 1)
         suffix = "" if i == 0 else str(i + 1)
         domain = fig.layout[f"xaxis{suffix}"].domain
-        fig.update_layout({axis: {**_color_args(g, None), "colorbar": {"x": domain[1] + 0.005, "len": 0.9,
+        fig.update_layout({axis: {**_color_args(g, None, default_range(s, g, floor)), "colorbar": {"x": domain[1] + 0.005, "len": 0.9,
                                                                         "thickness": 12}}})
         for ann in _rank_labels(g, mark_top, xref=f"x{suffix}", yref=f"y{suffix}"):
             fig.add_annotation(ann)

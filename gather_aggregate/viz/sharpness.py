@@ -5,7 +5,7 @@ of the final token's attention on one summary token, while an SSM head's
 implied attention at the same position is spread out.  The figure shows both
 rows side by side as bars over the prompt positions.
 
-Bar heights are each row's signed share ``a_k / Σ_j |a_j|``: for a softmax row
+Bar heights (y axis "weight / Σ|weight| of the row") are each row's signed share ``a_k / Σ_j |a_j|``: for a softmax row
 that is the row itself; for SSM-implied attention (signed, unnormalised) it
 keeps the sign (negative bars in red) while making the two panels comparable.
 Entropy ``H``, top-1 mass and sharpness index ``1 - H / log n`` come from
@@ -157,6 +157,6 @@ def sharp_vs_smooth(
         meta={"entropy": [st_a["entropy"], st_s["entropy"]], "top1": [st_a["top1"], st_s["top1"]],
               "sharpness": [st_a["sharpness"], st_s["sharpness"]]},
     )
-    fig.update_yaxes(title_text="share of |attention| (signed)", row=1, col=1)
+    fig.update_yaxes(title_text="weight / Σ|weight| of the row", row=1, col=1)
     fig.update_xaxes(title_text="key position")
     return fig

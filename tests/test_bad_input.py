@@ -1,0 +1,206 @@
+"""Issue 25: bad input gets a one-line error of the project's own classes that names the fix.
+
+Kinds covered: damaged files, unknown model types, names that are neither a
+directory nor a zoo model, devices, malformed heads, empty batches, metrics of
+the wrong type (every scan, AtP included), resample ablation onto itself, and
+prompts longer than a hybrid's positions.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from gather_aggregate import load_model
+from gather_aggregate.errors import (
+    ContextLengthError,
+    GAError,
+    InputError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
+from gather_aggregate.interventions import resample_index
+from gather_aggregate.patching import patch_heads
+from gather_aggregate.scan import atp_scan, exact_scan, naive_scan
+from gather_aggregate.zoo import list_zoo
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text.strip(), text
+    return text
+
+
+# ---- files and names ---------------------------------------------------------------------
+@pytest.mark.parametrize("zoo_name", ["llama-kvmc", "mamba2-ga"])
+def test_truncated_weights_are_one_clear_error(tmp_path, zoo_name):
+    src = list_zoo().get(zoo_name)
+    if src is None:
+        pytest.skip("the toy zoo is not shipped")
+    d = tmp_path / zoo_name
+    shutil.copytree(src, d)
+    weights = next(p for p in d.iterdir() if p.suffix in (".safetensors", ".bin"))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="damaged or truncated") as err:
+        load_model(d)
+    _one_line(err.value)
+    weights.write_bytes(b"\x00" * 16)  # garbage, not just short
+    with pytest.raises(ModelLoadError, match="damaged or truncated"):
+        load_model(d)
+
+
+def test_unknown_model_type_and_damaged_config(tmp_path, tiny_llama_dir):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_llama_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "banana-lm", "architectures": ["BananaLM"]}))
+    with pytest.raises(UnsupportedModelError, match="'banana-lm'.*Supported SSM/hybrid model types") as err:
+        load_model(d)
+    _one_line(err.value)
+    (d / "config.json").write_text('{"model_type": "llama", ')
+    with pytest.raises(ModelLoadError, match="config.json.*damaged"):
+        load_model(d)
+
+
+def test_zoo_names_typos_and_missing_paths(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    zoo = list_zoo()
+    if "llama-kvmc" not in zoo:
+        pytest.skip("the toy zoo is not shipped")
+    assert load_model("llama-kvmc").n_layers == 4  # a zoo name works in Python as in the CLI
+    with pytest.raises(ModelLoadError, match="did you mean the zoo model 'llama-kvmc'"):
+        load_model("llama-kvm")
+    (tmp_path / "my-model").mkdir()
+    with pytest.raises(ModelLoadError, match="no such model directory.*did you mean .*my-model"):
+        load_model(str(tmp_path / "my-modle"))
+    with pytest.raises(ModelLoadError, match="no such model directory"):
+        load_model("./no/such/dir")
+    with pytest.raises(ModelLoadError, match="hub is offline"):
+        load_model("some-org/some-model")
+
+
+@pytest.mark.parametrize("device,needle", [("banana", "unknown device"), ("cuda:7", "CUDA"), (3.5, "unknown device")])
+def test_devices(tiny_llama_dir, device, needle):
+    if torch.cuda.is_available() and str(device).startswith("cuda") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has that device")
+    with pytest.raises(InputError, match=needle) as err:
+        load_model(tiny_llama_dir, device=device)
+    _one_line(err.value)
+
+
+# ---- heads ------------------------------------------------------------------------------
+@pytest.mark.parametrize("heads,needle", [
+    ([(1, 1.7)], "head must be an integer, got 1.7"),
+    ([(1.0, 0)], "layer must be an integer"),
+    ([(True, 0)], "layer must be an integer"),
+    (["x"], "cannot read head 'x'"),
+    ([((1, 0), 1)], "layer must be an integer"),
+    ([(1, 0, 2)], "pairs of ints"),
+    ((1, 0), "for one head write"),
+    ("L1H0", "list of (layer, head) pairs"),
+    ([(9, 0)], "out of range"),
+])
+def test_malformed_heads(llama_model, heads, needle):
+    with pytest.raises(GAError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
+        llama_model.check_head_set(heads)
+    _one_line(err.value)
+
+
+def test_head_names_and_integer_types_are_accepted(llama_model):
+    import numpy as np
+
+    assert llama_model.check_head_set(["L1H0", (np.int64(1), torch.tensor(2))]) == [(1, 0), (1, 2)]
+    assert llama_model.check_heads(1, torch.tensor([0, 3])) == [0, 3]
+    with pytest.raises(InputError, match="integer"):
+        llama_model.check_heads(1, [0.5])
+    with pytest.raises(InputError, match="integer"):
+        llama_model.check_layer(1.0)
+
+
+# ---- batches and metrics ----------------------------------------------------------------------
+def _metric(logits):
+    return logits[:, -1].log_softmax(-1)[:, 1].mean()
+
+
+def test_empty_batch_is_refused_by_every_scan(llama_model):
+    empty = torch.zeros((0, 5), dtype=torch.long)
+    for scan in (naive_scan, exact_scan, atp_scan):
+        with pytest.raises(InputError, match="batch is empty"):
+            scan(llama_model, empty, _metric)
+    with pytest.raises(InputError, match="batch is empty"):
+        patch_heads(llama_model, empty, empty, _metric)
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (None, "metric must be a function"),
+    ("logprob", "metric must be a function"),
+    (lambda logits: "high", "return a (scalar )?tensor"),
+    (lambda logits: {"m": 1.0}, "return a (scalar )?tensor"),
+    (lambda logits: logits[:, -1, :2], "must return a scalar"),
+])
+def test_metric_of_the_wrong_type_in_every_scan(llama_model, bad, needle):
+    tokens = torch.randint(0, 50, (2, 6))
+    for scan in (naive_scan, exact_scan, atp_scan):
+        with pytest.raises(GAError, match=needle) as err:
+            scan(llama_model, tokens, bad, heads=[(1, 0)])
+        _one_line(err.value)
+    with pytest.raises(GAError, match=needle):
+        patch_heads(llama_model, tokens, tokens.flip(0), bad, heads=[(1, 0)])
+
+
+def test_atp_needs_a_tensor_metric(llama_model):
+    tokens = torch.randint(0, 50, (2, 6))
+    with pytest.raises(InputError, match="AtP needs the metric to return a tensor"):
+        atp_scan(llama_model, tokens, lambda logits: float(_metric(logits)))
+
+
+# ---- resample ablation ------------------------------------------------------------------------
+def test_resample_is_a_derangement_and_refuses_itself(llama_model):
+    tokens = torch.randint(0, 50, (7, 6))
+    for seed in range(5):
+        idx = resample_index(tokens, tokens, seed)
+        assert sorted(idx.tolist()) == list(range(7)) and all(int(i) != b for b, i in enumerate(idx))
+    # a reference that contains the inputs at other positions: never the example itself
+    ref = torch.cat([tokens[3:], tokens[:3]])
+    idx = resample_index(tokens, ref, 0)
+    assert all(not torch.equal(ref[int(i)], tokens[b]) for b, i in enumerate(idx))
+    with pytest.raises(InputError, match="one-example reference"):
+        exact_scan(llama_model, tokens[:1], _metric, method="resample", reference=tokens[:1], heads=[(1, 0)])
+    with pytest.raises(InputError, match="every reference prompt equals input prompt"):
+        resample_index(tokens[:2], tokens[:1].expand(3, -1), 0)
+    # the scan equals a naive loop that resamples with the same derangement; scores are not diluted to 0
+    fast = exact_scan(llama_model, tokens, _metric, method="resample", reference=tokens, progress=False)
+    slow = naive_scan(llama_model, tokens, _metric, method="resample", reference=tokens)
+    assert fast.scores().keys() == slow.scores().keys()
+    assert all(abs(fast.scores()[h] - slow.scores()[h]) < 1e-4 for h in fast.scores())
+
+
+# ---- positions ----------------------------------------------------------------------------
+def test_prompt_longer_than_a_hybrids_positions():
+    path = list_zoo().get("bamba-ga")
+    if path is None:
+        pytest.skip("the toy zoo is not shipped")
+    model = load_model(path)
+    n = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    assert model.n_ctx == n
+    too_long = torch.zeros((1, n + 1), dtype=torch.long)
+    with pytest.raises(ContextLengthError, match=f"context is {n}"):
+        model(too_long)
+    with pytest.raises(ContextLengthError):
+        exact_scan(model, too_long, _metric, heads=[(1, 0)])
+
+
+def test_print_gaheads_is_a_short_summary():
+    from gather_aggregate.detect import GAHeads
+
+    table = [{"layer": la, "head": h, "gather": 0.1, "aggregate": 0.2} for la in range(4) for h in range(8)]
+    ga = GAHeads(table, gather=[(0, 2)], aggregate=[(1, 0), (1, 3)], pairs=[((0, 2), (1, 0))],
+                 reading={"gather": "gather", "aggregate": "aggregate"},
+                 evidence={(0, 2): "alone", (1, 0): "joint", (1, 3): "joint"})
+    text = str(ga)
+    assert text == repr(ga) and "\n" not in text and len(text) < 300
+    assert "L0H2 (alone)" in text and "L1H3 (joint)" in text and "L0H2->L1H0" in text and "32 heads" in text
