@@ -82,7 +82,7 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
         raise InputError(f"verify must be a non-negative int (heads to re-score exactly), got {verify!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise InputError(f"steps must be a positive int (path points of integrated gradients), got {steps!r}")
-    tokens, heads = _prepare(model, tokens, heads)
+    tokens, heads = _prepare(model, tokens, heads, metric)
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
                            n_pos=tokens.shape[1])
     by_layer = group_by_layer(heads)

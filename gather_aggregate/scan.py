@@ -276,7 +276,7 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     from gather_aggregate.distributed import model_loader, run_sharded
     model = _as_model(model)
     loader = model_loader(model)
-    tokens, heads = _prepare(model, tokens, heads)
+    tokens, heads = _prepare(model, tokens, heads, metric)
     meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
             "model": model_fingerprint(model),
             "task": task_fingerprint(tokens, metric, {"method": method, "per_position": per_position,
