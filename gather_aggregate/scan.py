@@ -106,7 +106,7 @@ def check_metric_fn(metric: Any) -> None:
     """Refuse a metric that is not a function ``logits -> scalar`` before any forward runs."""
     if not callable(metric):
         raise InputError(f"metric must be a function logits -> scalar tensor (e.g. mean log-prob of the answer), "
-                         f"got a {type(metric).__name__}; see gather_aggregate.workflows.task_metric")
+                         f"got a {type(metric).__name__}; see gather_aggregate.tasks.task_metric")
 
 
 def _check_metric(value: Any, what: str) -> float:
