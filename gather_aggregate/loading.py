@@ -288,8 +288,9 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
 
 def _weights(load: Any, source: Any) -> Any:
-    """Run a weight-loading call; a damaged or truncated weight file becomes one :class:`ModelLoadError`."""
-    from gather_aggregate.errors import GAError
+    """Run a weight-loading call; a damaged or truncated weight file becomes one :class:`CheckpointError`
+    (the class the streaming loader raises for the same damage), naming the file or directory."""
+    from gather_aggregate.errors import CheckpointError, GAError
 
     try:
         return load()
@@ -300,7 +301,7 @@ def _weights(load: Any, source: Any) -> Any:
         if not (isinstance(exc, kinds) or type(exc).__name__ in ("SafetensorError", "UnpicklingError")):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot read the weights in {str(source)!r} ({type(exc).__name__}: {first[:200]}); "
+        raise CheckpointError(f"cannot read the weights in {str(source)!r} ({type(exc).__name__}: {first[:200]}); "
                              "the file is damaged or truncated: download or save the model again") from None
 
 

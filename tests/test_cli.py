@@ -146,8 +146,8 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
 # ---- issue 25: options, quiet output, CSV twins -------------------------------------------------------------
 @pytest.mark.parametrize("argv,needle", [
     (["eval", "--model", "M", "--dict-size", "0"], "--dict-size must be at least 1, got 0"),
-    (["detect", "--model", "M", "--z", "-1"], "--z: must be a positive finite number"),
-    (["detect", "--model", "M", "--z", "nan"], "--z: must be a positive finite number"),
+    (["scan", "--model", "M", "--workers", "0"], "--workers must be at least 1, got 0"),
+    (["detect", "--model", "M", "--reading", "nowhere"], "invalid choice: 'nowhere'"),
     (["pattern", "--model", "M", "--layer", "-1"], "--layer must be at least 0, got -1"),
     (["ablate", "--model", "M", "--heads", "a,b"], "cannot read head 'a'"),
     (["ablate", "--model", "M"], "the following arguments are required: --heads"),
@@ -178,7 +178,8 @@ def test_each_subcommand_lists_only_its_own_options():
 
     assert "--model" not in options("report") and "--task" not in options("report")
     assert "--z" not in options("eval") and "--layer" not in options("scan") and "--heads" not in options("eval")
-    assert {"--z", "--reading"} <= options("detect") and {"--layer", "--prompt"} <= options("pattern")
+    assert "--reading" in options("detect") and "--z" not in options("detect")  # the detector has no z setting
+    assert {"--layer", "--prompt"} <= options("pattern") and {"--ray", "--workers"} <= options("scan")
     for name, p in sub.items():
         for a in p._actions:
             assert a.help or not a.option_strings, (name, a.option_strings)  # every option has a help text

@@ -224,7 +224,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default=None, help="numbers of heads removed, e.g. 0,10,20,30")
     p.add_argument("--keep", default="", help="also a keep-only column: every head but these removed")
     p.add_argument("--prune", default="", help="also a pruned-layers column, e.g. 3;2")
-    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero")
+    p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
+                   help="what replaces a removed head's output (mean/resample: over --reference prompts)")
     p.add_argument("--reference", default="kv", help="reference prompts for mean/resample: a task name or a file")
     p.add_argument("--n-reference", type=int, default=32, help="number of reference prompts")
     p.add_argument("--formats", default="completion", help="completion and/or chat, comma separated")
@@ -232,5 +233,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chat template for --formats chat: the tokenizer's own (default), 'default' for the "
                         "built-in 'Role: content' template, or a Jinja string")
     p.add_argument("--limit", type=float, default=None, help="examples per task (lm-eval's --limit)")
-    p.add_argument("--num-fewshot", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per prompt (lm-eval's)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward")
