@@ -96,7 +96,8 @@ def hybridise(teacher: Any, kept: Sequence[tuple[int, int]] | str, *, d_state: i
     def get(key: str) -> torch.Tensor:
         if key not in sd:
             raise InputError(f"the teacher's weights lack {key!r}; is it a LlamaForCausalLM checkpoint?")
-        return sd[key].detach().float()
+        value = sd[key]  # a tensor, or a checkpoint's StoredTensor read only now (read_state_dict streams)
+        return (value if isinstance(value, torch.Tensor) else value.load()).detach().float()
 
     def rows(W: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
         return torch.cat([W[h * P:(h + 1) * P] for h in heads]) if heads else W[:0]
