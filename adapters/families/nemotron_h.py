@@ -30,6 +30,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.streaming import StackedTensor
 from gather_aggregate.errors import UnsupportedModelError
 
 MODEL_TYPE = "nemotron_h"
@@ -250,7 +251,10 @@ def stack_experts(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     out = dict(state_dict)
     for (prefix, name), keys in parts.items():
         if sorted(keys) == list(range(len(keys))):  # complete sets only; the converter reports the rest
-            out[f"{prefix}.{name}"] = torch.stack([state_dict[keys[e]] for e in range(len(keys))])
+            experts = [state_dict[keys[e]] for e in range(len(keys))]
+            # in memory: stack now; from a checkpoint (lazily read tensors): stream each expert into the parameter
+            out[f"{prefix}.{name}"] = (torch.stack(experts) if all(isinstance(x, Tensor) for x in experts)
+                                       else StackedTensor([[x] for x in experts]))
             for key in keys.values():
                 del out[key]
     return out
