@@ -37,6 +37,7 @@ _LAZY = {
     "HookedQwen3Next": "gather_aggregate.adapters.families.qwen3_next",
     "HookedGraniteHybrid": "gather_aggregate.adapters.families.granitemoehybrid",
     "HookedNemotronH": "gather_aggregate.adapters.families.nemotron_h",
+    "HookedFalconH1": "gather_aggregate.adapters.families.falcon_h1",
     "load_hybrid": "gather_aggregate.adapters.hybrid_convert",
     "mamba1_implied_attention": "gather_aggregate.adapters.implied",
     "mamba2_implied_attention": "gather_aggregate.adapters.implied",

@@ -100,6 +100,11 @@ class Attention(nn.Module):
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(self, x: Float[Tensor, "batch pos d_in"]) -> Float[Tensor, "batch pos d_model"]:
+        z = self.heads(x)
+        return self.o_proj(z.reshape(*z.shape[:2], self.n_heads * self.d_head))
+
+    def heads(self, x: Float[Tensor, "batch pos d_in"]) -> Float[Tensor, "batch pos head d_head"]:
+        """The per-head outputs ``z`` (``hook_z``, the ``o_proj`` input): the forward without ``o_proj``."""
         b, L, _ = x.shape
         q, k, v = self.qkv(x)
         q = self.hook_q(q.view(b, L, self.n_heads, self.d_head))
@@ -115,8 +120,8 @@ class Attention(nn.Module):
         causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
         scores = self.hook_attn_scores(scores.masked_fill(~causal, float("-inf")))
         pattern = self.hook_pattern(torch.softmax(scores.float(), dim=-1))
-        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern.to(v.dtype), v))
-        return self.o_proj(z.reshape(b, L, self.n_heads * self.d_head))
+        z: Tensor = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern.to(v.dtype), v))
+        return z
 
     def forward_rows(self, x: Float[Tensor, "batch pos d_in"],
                      rows: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k d_model"]:

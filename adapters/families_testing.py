@@ -136,6 +136,54 @@ def tiny_hf_nemotron_h(seed: int = 0, config: Any = None, **overrides: Any) -> A
     return hf
 
 
+def falcon_h1_config(**overrides: Any) -> Any:
+    """A small ``FalconH1Config``: attention (4 heads of 8, GQA 2) beside Mamba-2 (8 heads of 8, 2 groups) in each
+    of 2 layers, every μP multiplier away from 1."""
+    from transformers import FalconH1Config
+
+    base: dict[str, Any] = dict(
+        vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
+        mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=16, mamba_rms_norm=True, mamba_norm_before_gate=False,
+        embedding_multiplier=2.5, lm_head_multiplier=0.4, key_multiplier=0.7, attention_in_multiplier=1.3,
+        attention_out_multiplier=0.6, ssm_in_multiplier=1.2, ssm_out_multiplier=0.8,
+        ssm_multipliers=[0.9, 1.1, 0.7, 1.4, 0.5], mlp_multipliers=[1.2, 0.6])
+    base.update(overrides)
+    return FalconH1Config(**base)
+
+
+def random_falcon_h1_config(seed: int, vocab_size: int = 61) -> Any:
+    """A randomised small ``FalconH1Config`` (head counts and sizes, GQA, groups, gated-norm variants, biases,
+    ``mamba_d_ssm`` or ``mamba_expand``, multipliers)."""
+    r = random.Random(seed)
+    d = r.choice([16, 32])
+    n_attn = r.choice([2, 4])
+    n_ssm = r.choice([4, 8])
+    d_inner = r.choice([d, 2 * d])
+    u = [round(r.uniform(0.4, 1.6), 2) for _ in range(13)]
+    return falcon_h1_config(
+        vocab_size=vocab_size, hidden_size=d, num_hidden_layers=r.choice([1, 2, 3]), num_attention_heads=n_attn,
+        num_key_value_heads=r.choice([1, n_attn]), head_dim=r.choice([4, 8]), mamba_n_heads=n_ssm,
+        mamba_d_ssm=d_inner if r.random() < 0.7 else None, mamba_expand=d_inner // d, mamba_d_head=d_inner // n_ssm,
+        mamba_n_groups=r.choice([1, 2]), mamba_d_state=r.choice([4, 8, 16]), mamba_d_conv=r.choice([2, 4]),
+        mamba_chunk_size=r.choice([8, 16]), mamba_rms_norm=r.random() < 0.7, mamba_norm_before_gate=r.random() < 0.5,
+        mamba_conv_bias=r.random() < 0.7, mamba_proj_bias=r.random() < 0.3, projectors_bias=r.random() < 0.3,
+        attention_bias=r.random() < 0.3, mlp_bias=r.random() < 0.3, tie_word_embeddings=r.random() < 0.3,
+        embedding_multiplier=u[0], lm_head_multiplier=u[1], key_multiplier=u[2], attention_in_multiplier=u[3],
+        attention_out_multiplier=u[4], ssm_in_multiplier=u[5], ssm_out_multiplier=u[6], ssm_multipliers=u[7:12],
+        mlp_multipliers=[u[12], u[0]], time_step_limit=r.choice([(0.0, float("inf")), (0.01, 2.0)]),
+        rope_parameters={"rope_type": "default", "rope_theta": r.choice([10000.0, 500.0])})
+
+
+def tiny_hf_falcon_h1(seed: int = 0, config: Any = None, **overrides: Any) -> Any:
+    """A random ``FalconH1ForCausalLM`` in eval mode (fp32, CPU)."""
+    from transformers import FalconH1ForCausalLM
+
+    torch.manual_seed(seed)
+    hf = FalconH1ForCausalLM(config if config is not None else falcon_h1_config(**overrides)).eval()
+    return stress_weights(hf, seed)
+
+
 def stress_weights(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Redraw every parameter in place (see the module docstring); returns ``model``."""
     g = torch.Generator().manual_seed(seed)
@@ -164,4 +212,4 @@ def tiny_hf_qwen3_next(seed: int = 0, config: Any = None, **overrides: Any) -> A
 
 __all__ = ["qwen3_next_config", "random_qwen3_next_config", "stress_weights", "tiny_hf_qwen3_next", "granite_config",
            "random_granite_config", "tiny_hf_granite", "nemotron_h_config", "random_nemotron_h_config",
-           "tiny_hf_nemotron_h"]
+           "tiny_hf_nemotron_h", "falcon_h1_config", "random_falcon_h1_config", "tiny_hf_falcon_h1"]

@@ -14,6 +14,9 @@ restricts what the chosen heads may read:
 * **Attention heads**: the softmax pattern ``blocks.{L}.attn.hook_pattern`` of
   each chosen head is multiplied by ``M``.
 
+In a layer with two mixers (Falcon-H1) each listed head is masked through its own
+mixer's hooks, at its index inside that mixer (``LayerInfo.heads_of``).
+
 Rows are **not renormalised** after masking (as in the paper, which zeroed
 entries without renormalising); a masked softmax row sums to less than 1.
 
@@ -100,23 +103,35 @@ def mask_heads(model: HookedModel, heads: Sequence[tuple[int, int]], mask: Tenso
         by_layer[layer].append((head, j if per_head else 0))
 
     fwd_hooks: list[tuple[str, Any]] = []
-    for layer, items in by_layer.items():
-        kind = model.layers[layer].kind
-        hs = [h for h, _ in items]
-        idx = [j for _, j in items]
-        if kind == "attn":
-            fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", _attn_hook(m, hs, idx)))
-        else:
-            if not isinstance(model.ssm_mixer(layer), SSMMixer):
-                raise InputError(f"layer {layer} of {type(model).__name__} is a recurrent layer without Mamba-style "
-                                 "masking (e.g. gated DeltaNet); mask_heads serves attention and Mamba heads")
-            store: dict[str, Tensor] = {}
-            prefix = f"blocks.{layer}.ssm."
-            for name in ("hook_x", "hook_dt", "hook_B", "hook_C"):
-                fwd_hooks.append((prefix + name, _capture(store, name)))
-            fwd_hooks.append((prefix + "hook_y", _ssm_hook(model, layer, store, m, hs, idx, budget)))
+    for layer, all_items in by_layer.items():
+        info = model.layers[layer]
+        for kind in ("attn", "ssm"):  # a layer with two mixers (Falcon-H1) masks each through its own hooks
+            own = info.heads_of(kind)
+            items = [(own.index(h), j) for h, j in all_items if info.kind_of(h) == kind]  # index inside the mixer
+            if items:
+                fwd_hooks += _layer_hooks(model, layer, kind, items, m, budget)
     with model.hooks(fwd_hooks=fwd_hooks):
         yield model
+
+
+def _layer_hooks(model: HookedModel, layer: int, kind: str, items: list[tuple[int, int]], m: Tensor,
+                 budget: int) -> list[tuple[str, Any]]:
+    """The hooks masking the ``(head inside the mixer, mask index)`` pairs of one mixer of ``layer``."""
+    fwd_hooks: list[tuple[str, Any]] = []
+    hs = [h for h, _ in items]
+    idx = [j for _, j in items]
+    if kind == "attn":
+        return [(f"blocks.{layer}.attn.hook_pattern", _attn_hook(m, hs, idx))]
+    mixer = getattr(model, "ssm_mixer", None)
+    if mixer is None or not isinstance(mixer(layer), SSMMixer):
+        raise InputError(f"layer {layer} of {type(model).__name__} is a recurrent layer without Mamba-style "
+                         "masking (e.g. gated DeltaNet); mask_heads serves attention and Mamba heads")
+    store: dict[str, Tensor] = {}
+    prefix = f"blocks.{layer}.ssm."
+    for name in ("hook_x", "hook_dt", "hook_B", "hook_C"):
+        fwd_hooks.append((prefix + name, _capture(store, name)))
+    fwd_hooks.append((prefix + "hook_y", _ssm_hook(model, layer, store, m, hs, idx, budget)))
+    return fwd_hooks
 
 
 def _capture(store: dict[str, Tensor], key: str) -> Any:

@@ -203,10 +203,25 @@ class Mamba2Mixer(_MixerBase):
         self._hooks()
 
     def forward(self, u: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        heads = self.heads(u)
+        return self.out_proj(heads.reshape(*heads.shape[:2], self.cfg.d_inner))
+
+    def project_in(self, u: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_proj"]:
+        """``z ‖ xBC ‖ dt`` before the conv (a family with input multipliers overrides it)."""
+        out: Tensor = self.in_proj(u)
+        return out
+
+    def gate_and_norm(self, y: Float[Tensor, "batch pos d_inner"], z: Tensor) -> Float[Tensor, "batch pos d_inner"]:
+        """``norm(y ⊙ silu(z))`` (gated RMSNorm after the gate; ``hook_gated`` is ``y ⊙ silu(z)``)."""
+        out: Tensor = self.norm(self.hook_gated(y * F.silu(z.float())))
+        return out
+
+    def heads(self, u: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos head d_head"]:
+        """The per-head outputs (``hook_head_out``, the ``out_proj`` input): the forward without ``out_proj``."""
         cfg = self.cfg
         b, L, _ = u.shape
         G, N, H, P = cfg.n_groups, cfg.d_state, cfg.n_heads, cfg.d_head
-        z, xBC, dt_raw = self.in_proj(u).split([cfg.d_inner, cfg.conv_dim, H], dim=-1)
+        z, xBC, dt_raw = self.project_in(u).split([cfg.d_inner, cfg.conv_dim, H], dim=-1)
         z, xBC = self.hook_gate(z), self.hook_conv_in(xBC)
         xBC = self.hook_conv_out(causal_conv(xBC, self.conv_weight, self.conv_bias).to(u.dtype))
         x, B, C = F.silu(xBC).split([cfg.d_inner, G * N, G * N], dim=-1)
@@ -227,9 +242,8 @@ class Mamba2Mixer(_MixerBase):
         else:
             y = mamba2_scan(xf, dt, A, Bf, Cf, Df)
         y = self.hook_y(y.reshape(b, L, cfg.d_inner))
-        gated = self.hook_gated(y * F.silu(z.float()))
-        heads = self.hook_head_out(self.norm(gated).to(u.dtype).view(b, L, H, P))
-        return self.out_proj(heads.reshape(b, L, cfg.d_inner))
+        heads: Tensor = self.hook_head_out(self.gate_and_norm(y, z).to(u.dtype).view(b, L, H, P))
+        return heads
 
     def implied_attention(self, dt: Tensor, B: Tensor, C: Tensor, *, heads: list[int], rows: Tensor | None,
                           max_bytes: int, **kwargs: Any) -> Tensor:

@@ -113,7 +113,7 @@ def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence
     for layer in layers:
         info = model.layers[layer]
         for h in range(info.n_heads):
-            row: dict[str, Any] = {"layer": layer, "head": h, "kind": info.kind}
+            row: dict[str, Any] = {"layer": layer, "head": h, "kind": info.kind_of(h)}
             names = ["gather", "gather_incl_prev", "aggregate", "aggregate_segment", "aggregate_hit",
                      "aggregate_mass"] + (["gather_segment"] if gather_any else [])
             for name in names:

@@ -142,7 +142,7 @@ def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 1
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for info in model.layers:
         for h in range(info.n_heads):
-            row: dict[str, Any] = {"layer": info.index, "head": h, "kind": info.kind}
+            row: dict[str, Any] = {"layer": info.index, "head": h, "kind": info.kind_of(h)}
             for read in reads:
                 n = counts[f"g:{read}"]
                 m = float(sums[(info.index, f"gather@{read}")][h]) / n if n else float("nan")

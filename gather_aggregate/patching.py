@@ -89,7 +89,7 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
                 for i, e in enumerate(chunk):
                     where = f"head L{e.layer}H{e.head}" + ("" if e.position is None else f" pos {e.position}")
                     m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]), where)
-                    rows.append({"layer": e.layer, "head": e.head, "kind": model.layers[e.layer].kind,
+                    rows.append({"layer": e.layer, "head": e.head, "kind": model.layers[e.layer].kind_of(e.head),
                                  "position": e.position, "metric_patched": m,
                                  "score": (m - m_corr) / denom if denom != 0 else float("nan")})
                 bar.update(len(chunk))

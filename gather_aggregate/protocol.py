@@ -9,7 +9,9 @@ a model's internals; they only use what is listed here:
 ``model(tokens)``                      logits ``[batch, pos, vocab]``; also
                                        ``start_at_layer`` / ``stop_at_layer``
 ``model.layers``                       per layer: kind (``"attn"``/``"ssm"``),
-                                       ``n_heads``, ``d_head``, head hook name
+                                       ``n_heads``, ``d_head``, head hook name,
+                                       and each head's kind where a layer
+                                       holds both (``head_kinds``)
 ``model.head_hook(layer)``             ``(hook_name, head_axis)`` of the
                                        per-head output ``[batch, pos, head, d_head]``
 ``model.resid_hook(layer)``            hook name of the residual entering ``layer``
@@ -51,17 +53,30 @@ Head = tuple[int, int]  # (layer, head)
 
 @dataclass(frozen=True)
 class LayerInfo:
-    """What the analysis layer knows about one layer of a hooked model."""
+    """What the analysis layer knows about one layer of a hooked model.  A layer holding two mixers (Falcon-H1's
+    parallel attention and Mamba-2, a hybridised Llama) has ``kind="attn"`` and ``head_kinds``, each head's kind
+    in ``head_hook`` order (empty: all heads are ``kind``); a head's index inside its mixer is its position in
+    :meth:`heads_of` its kind."""
 
     index: int
     kind: LayerKind
     n_heads: int
     d_head: int
     head_hook: str  # hook of the per-head output, shape [batch, pos, head, d_head]
+    head_kinds: tuple[LayerKind, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("attn", "ssm"):
             raise InputError(f"layer kind must be 'attn' or 'ssm', got {self.kind!r}")
+        if self.head_kinds and (len(self.head_kinds) != self.n_heads or not set(self.head_kinds) <= {"attn", "ssm"}):
+            raise InputError(f"head_kinds must give 'attn' or 'ssm' for each of the {self.n_heads} heads")
+
+    def kind_of(self, head: int) -> LayerKind:
+        return self.head_kinds[head] if self.head_kinds else self.kind
+
+    def heads_of(self, kind: LayerKind) -> list[int]:
+        """The heads of the ``kind`` mixer, in order."""
+        return [h for h in range(self.n_heads) if self.kind_of(h) == kind]
 
 
 @runtime_checkable
@@ -206,13 +221,14 @@ class ProtocolMixin:
         return out
 
     def all_heads(self, kinds: Sequence[LayerKind] | None = None) -> list[Head]:
-        """Every ``(layer, head)`` of the model, optionally only of some layer kinds."""
-        return [
-            (info.index, h)
-            for info in self.layers
-            if kinds is None or info.kind in kinds
-            for h in range(info.n_heads)
-        ]
+        """Every ``(layer, head)`` of the model, optionally only the heads of some kinds (``"attn"``, ``"ssm"``)."""
+        return [(info.index, h) for info in self.layers for h in range(info.n_heads)
+                if kinds is None or info.kind_of(h) in kinds]
+
+    def head_kinds(self, layer: int) -> list[LayerKind]:
+        """``"attn"`` or ``"ssm"`` for each head of ``layer`` (which mixer each head belongs to)."""
+        info = self.check_layer(layer)
+        return [info.kind_of(h) for h in range(info.n_heads)]
 
     def head_hook(self, layer: int) -> tuple[str, int]:
         """Hook name and head axis of ``layer``'s per-head output ``[batch, pos, head, d_head]``."""
@@ -340,9 +356,10 @@ class ProtocolMixin:
     ) -> Float[Tensor, "batch head query key"]:
         """Per-head attention ``[batch, head, query, key]`` of ``layer``.
 
-        * attention layers: the softmax pattern (rows sum to 1);
-        * SSM layers: the SSM-implied attention (signed, unnormalised), see
-          :mod:`gather_aggregate.adapters.implied`.
+        * attention heads: the softmax pattern (rows sum to 1);
+        * SSM heads: the SSM-implied attention (signed, unnormalised), see
+          :mod:`gather_aggregate.adapters.implied` (a layer holding both kinds
+          answers each head with its own, in the order asked).
 
         ``tokens_or_cache`` is token ids / text, or an ``ActivationCache`` that
         holds the needed hooks.  ``heads`` selects heads (default all).  ``rows``
@@ -357,14 +374,15 @@ class ProtocolMixin:
         info = self.check_layer(layer)
         if kind not in ("auto", "softmax", "implied"):
             raise InputError(f"kind must be 'auto', 'softmax' or 'implied', got {kind!r}")
-        if kind == "softmax" and info.kind == "ssm":
-            raise InputError(
-                f"layer {info.index} is an SSM layer and has no softmax pattern; use kind='implied' "
-                "(or the default 'auto') for its SSM-implied attention"
-            )
-        if kwargs and info.kind == "attn":
-            raise InputError(f"options {sorted(kwargs)} apply only to SSM layers; layer {info.index} is attention")
         head_idx = self.check_heads(info.index, heads)
+        ssm_heads = [h for h in head_idx if info.kind_of(h) == "ssm"]
+        if kind == "softmax" and ssm_heads:
+            what = "an SSM layer" if info.kind == "ssm" else f"a layer whose heads {ssm_heads} are SSM heads"
+            raise InputError(f"layer {info.index} is {what} and has no softmax pattern there; use kind='implied' "
+                             "(or the default 'auto') for the SSM-implied attention")
+        if kwargs and not ssm_heads:
+            raise InputError(f"options {sorted(kwargs)} apply only to SSM layers and heads; the heads asked of layer "
+                             f"{info.index} are attention heads")
         out = self._pattern(tokens_or_cache, info, head_idx, rows, **kwargs)
         if normalize:
             out = normalize_rows(out)

@@ -130,7 +130,7 @@ def _apply(metric: Metric, readout: ReadoutMetric | None, logits: Tensor) -> Any
 
 
 def _row(model: HookedModel, layer: int, head: int, clean: float, ablated: float) -> dict[str, Any]:
-    return {"layer": layer, "head": head, "kind": model.layers[layer].kind, "score": clean - ablated,
+    return {"layer": layer, "head": head, "kind": model.layers[layer].kind_of(head), "score": clean - ablated,
             "metric_clean": clean, "metric_ablated": ablated}
 
 

@@ -30,7 +30,6 @@ NOT_SERVED: dict[str, str] = {
     "qwen3_5": "gated DeltaNet layers of a multimodal wrapper (load its text model, qwen3_next layout, instead)",
     "qwen3_5_moe": "gated DeltaNet layers of a multimodal wrapper",
     "qwen3_5_text": "gated DeltaNet layers (Qwen3.5 text; not wired yet)",
-    "falcon_h1": "attention and Mamba-2 in parallel in every layer (not wired yet)",
     "zamba": "Mamba-1 with shared attention blocks (Zamba v1)",
     "minimax": "lightning (linear) attention layers",
     "kimi_linear": "Kimi delta attention layers",

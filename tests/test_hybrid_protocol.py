@@ -328,16 +328,16 @@ def test_bad_input(saved, tmp_path):
 
 
 def test_unsupported_hybrid_layouts_name_the_supported_ones(tmp_path):
-    from transformers import FalconH1Config
+    from transformers import ZambaConfig
 
     from gather_aggregate.adapters import load_ssm
 
-    cfg = FalconH1Config(vocab_size=32, hidden_size=16, num_hidden_layers=2)
+    cfg = ZambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=3)
     with pytest.raises(errors.UnsupportedModelError, match="bamba, jamba, zamba2"):
         load_hybrid(tmp_path, cfg)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "falcon_h1"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "zamba"}))
     with pytest.raises(errors.UnsupportedModelError,
-                       match="'falcon_h1'.*supported hybrid model types: bamba, jamba, zamba2, qwen3_next"):
+                       match="'zamba'.*supported hybrid model types: bamba, jamba, zamba2, qwen3_next"):
         load_ssm(tmp_path)
     bad_rope = tiny_hf_hybrid("bamba").config
     bad_rope.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}

@@ -47,8 +47,9 @@ def test_layouts_with_non_attention_layers_are_refused_and_attention_only_ones_p
     assert non_attention_layers({"layer_types": ["linear_attention", "full_attention"]}) == ["linear_attention"]
     with pytest.raises(UnsupportedModelError, match="non-attention layers \\(conv\\)"):
         refuse_unservable({"model_type": "some_new_hybrid", "layer_types": ["conv", "full_attention"]})
-    with pytest.raises(UnsupportedModelError, match="attention and Mamba-2 in parallel"):
-        refuse_unservable({"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"]})
+    with pytest.raises(UnsupportedModelError, match="Kimi delta attention"):
+        refuse_unservable({"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"]})
+    refuse_unservable({"model_type": "falcon_h1"})  # served by our adapter (attention and Mamba-2 in parallel)
 
 
 def test_the_docs_table_lists_exactly_the_served_model_types():

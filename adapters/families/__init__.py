@@ -28,9 +28,10 @@ HYBRID_FAMILIES: dict[str, str] = {
     "qwen3_next": "gather_aggregate.adapters.families.qwen3_next",
     "granitemoehybrid": "gather_aggregate.adapters.families.granitemoehybrid",
     "nemotron_h": "gather_aggregate.adapters.families.nemotron_h",
+    "falcon_h1": "gather_aggregate.adapters.families.falcon_h1",
 }
 #: Hybrids we know of but do not serve yet (named in the error message).
-KNOWN_UNSUPPORTED: tuple[str, ...] = ("zamba", "falcon_h1", "lfm2")
+KNOWN_UNSUPPORTED: tuple[str, ...] = ("zamba", "lfm2")
 
 
 def _unchanged(state_dict: dict[str, Any], cfg: Any) -> dict[str, Any]:

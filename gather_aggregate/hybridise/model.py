@@ -10,7 +10,7 @@ detector, masking-free analyses and plots run on it unchanged.
 Protocol choices:
 
 * ``layers[L].kind`` is ``"ssm"`` when every head of the layer is an SSM head
-  and ``"attn"`` otherwise; :meth:`head_kinds` gives the kind of each head;
+  and ``"attn"`` otherwise; ``layers[L].head_kinds`` (and ``head_kinds(L)``) gives the kind of each head;
 * ``head_hook(L)`` is ``blocks.{L}.attn.hook_z`` for every layer: ``[batch, pos,
   head, d_head]`` in the teacher's head order, attention and SSM heads alike;
 * ``pattern(x, L, heads)`` is the softmax pattern of a kept head and the
@@ -65,13 +65,9 @@ class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
     @property
     def layers(self) -> list[LayerInfo]:
         c = self.cfg
-        return [LayerInfo(L, "ssm" if not c.kept[L] else "attn", c.n_heads, c.d_head, f"blocks.{L}.attn.hook_z")
+        return [LayerInfo(L, "ssm" if not c.kept[L] else "attn", c.n_heads, c.d_head, f"blocks.{L}.attn.hook_z",
+                          tuple("attn" if h in c.kept[L] else "ssm" for h in range(c.n_heads)))
                 for L in range(c.n_layers)]
-
-    def head_kinds(self, layer: int) -> list[str]:
-        """``"attn"`` or ``"ssm"`` for each head of ``layer``."""
-        kept = set(self.cfg.kept[self.check_layer(layer).index])
-        return ["attn" if h in kept else "ssm" for h in range(self.cfg.n_heads)]
 
     @property
     def sequential(self) -> bool:
