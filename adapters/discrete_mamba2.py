@@ -117,10 +117,11 @@ class DiscreteMamba2Mixer(_MixerBase):
         return mamba2_implied_attention(dt, self.A().to(dt.device), B, C, heads=heads, rows=rows,
                                         max_bytes=max_bytes, dt_scaling=False, **kwargs)
 
-    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
-                      masks: Tensor, max_bytes: int) -> Tensor:
+    def masked_output(self, y: Tensor, acts: dict[str, Tensor], heads: list[int], masks: Tensor,
+                      max_bytes: int) -> Tensor:
         from gather_aggregate.adapters.implied_mamba2 import mamba2_masked_output
 
+        x, dt, B, C = (acts[n] for n in self.mask_inputs)
         return mamba2_masked_output(y, x, dt, B, C, self.A().to(dt.device), self.cfg.d_head, heads, masks,
                                     max_bytes, dt_scaling=False)
 

@@ -50,6 +50,8 @@ class GatedDeltaNetMixer(nn.Module):
 
     #: "auto"/"chunked" (the chunked rule), "sequential" (the reference loop; fires hook_state); no kernel
     scan_impl: str = "auto"
+    #: the hooks :meth:`masked_output` reads (see :mod:`gather_aggregate.adapters.masking`)
+    mask_inputs: tuple[str, ...] = ("q", "k", "v", "g", "beta")
 
     def __init__(self, d_model: int, n_k: int, n_v: int, d_k: int, d_v: int, d_conv: int, eps: float) -> None:
         super().__init__()
@@ -103,5 +105,32 @@ class GatedDeltaNetMixer(nn.Module):
         heads = self.hook_head_out(self.norm(o, z))
         return self.out_proj(heads.reshape(b, L, self.n_v * self.d_v))
 
+    def masked_output(self, y: Float[Tensor, "batch pos head d_v"], acts: dict[str, Tensor], heads: list[int],
+                      masks: Float[Tensor, "batch n_heads query key"], max_bytes: int) -> Tensor:
+        """``hook_y`` with value heads ``heads`` reading through ``masks``: ``o_h = (α_h ⊙ M_h) @ v_h``.
 
-__all__ = ["GatedDeltaNetMixer", "GatedHeadNorm"]
+        Computed as ``o_h - (α_h ⊙ (1 - M_h)) @ v_h`` (``o_h = α_h @ v_h`` exactly), so an all-ones mask returns
+        ``hook_y`` bit for bit; α is the full implied attention (float64 solve per head, O(L³))."""
+        from gather_aggregate.adapters.delta_rule import delta_implied_attention
+
+        q, k, v, g, beta = (acts[n] for n in self.mask_inputs)
+        qn, kn = prepare_qk(q, k, self.n_v)
+        alpha = delta_implied_attention(qn, kn, g, beta, heads=heads, max_bytes=max_bytes)
+        cut = torch.einsum("bkts,bskd->btkd", alpha * (1.0 - masks), v[:, :, heads].float())
+        out = y.clone()
+        out[:, :, heads] = y[:, :, heads] - cut.to(y.dtype)
+        return out
+
+
+def masked_delta_rule_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                          masks: Float[Tensor, "batch head query key"]) -> Float[Tensor, "batch pos head d_v"]:
+    """The oracle of masking: ``o_t = Σ_{s≤t} M[t, s] · α[t, s] v_s`` with ``α[t, s] = β_s k_sᵀ M_{s+1} ⋯ M_t q_t``
+    walked back from each query one step at a time (:func:`~.delta_rule.delta_implied_reference`), every head
+    masked; ``q, k`` prepared as for :func:`~.delta_rule.delta_rule_ref`."""
+    from gather_aggregate.adapters.delta_rule import delta_implied_reference
+
+    alpha = delta_implied_reference(q, k, g, beta).double() * masks.double()
+    return torch.einsum("bhts,bshd->bthd", alpha, v.double()).float()
+
+
+__all__ = ["GatedDeltaNetMixer", "GatedHeadNorm", "masked_delta_rule_ref"]

@@ -11,6 +11,14 @@ restricts what the chosen heads may read:
   :class:`~gather_aggregate.adapters.mixers.SSMMixer`) and written into ``hook_y``; it
   then flows through the gating, the gated norm (Mamba-2) and ``out_proj`` as
   usual.  The ``D ∘ x`` skip term is a position's own input and is never masked.
+* **Gated-DeltaNet heads** (Qwen3-Next value heads): the rule's output
+  ``o_h = α_h @ v_h`` (``hook_y``) becomes ``(α_h ⊙ M) @ v_h``, evaluated as
+  ``o_h - (α_h ⊙ (1 - M)) @ v_h`` with α of :mod:`gather_aggregate.adapters.delta_rule`
+  (key removal included) from the same forward's ``hook_q/k/v/g/beta``; it then
+  flows through the gated per-head norm and ``out_proj``.
+
+Each mixer names the hooks its masked output reads (``mask_inputs``) and computes
+it (``masked_output``, see :class:`~gather_aggregate.adapters.mixers.SSMMixer`).
 * **Attention heads**: the softmax pattern ``blocks.{L}.attn.hook_pattern`` of
   each chosen head is multiplied by ``M``.
 
@@ -41,7 +49,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.adapters.mixers import SSMMixer
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import HookedModel
 
@@ -122,15 +129,16 @@ def _layer_hooks(model: HookedModel, layer: int, kind: str, items: list[tuple[in
     idx = [j for _, j in items]
     if kind == "attn":
         return [(f"blocks.{layer}.attn.hook_pattern", _attn_hook(m, hs, idx))]
-    mixer = getattr(model, "ssm_mixer", None)
-    if mixer is None or not isinstance(mixer(layer), SSMMixer):
-        raise InputError(f"layer {layer} of {type(model).__name__} is a recurrent layer without Mamba-style "
-                         "masking (e.g. gated DeltaNet); mask_heads serves attention and Mamba heads")
+    get_mixer = getattr(model, "ssm_mixer", None)
+    mixer = get_mixer(layer) if get_mixer is not None else None
+    if not hasattr(mixer, "masked_output") or not hasattr(mixer, "mask_inputs"):
+        raise InputError(f"layer {layer} of {type(model).__name__} is a recurrent layer without masking; "
+                         "mask_heads serves attention, Mamba and gated-DeltaNet heads")
     store: dict[str, Tensor] = {}
     prefix = f"blocks.{layer}.ssm."
-    for name in ("hook_x", "hook_dt", "hook_B", "hook_C"):
-        fwd_hooks.append((prefix + name, _capture(store, name)))
-    fwd_hooks.append((prefix + "hook_y", _ssm_hook(model, layer, store, m, hs, idx, budget)))
+    for name in mixer.mask_inputs:
+        fwd_hooks.append((f"{prefix}hook_{name}", _capture(store, name)))
+    fwd_hooks.append((prefix + "hook_y", _ssm_hook(mixer, store, m, hs, idx, budget)))
     return fwd_hooks
 
 
@@ -141,13 +149,13 @@ def _capture(store: dict[str, Tensor], key: str) -> Any:
     return hook
 
 
-def _ssm_hook(model: HookedModel, layer: int, store: dict[str, Tensor], mask: Tensor, heads: list[int], idx: list[int],
+def _ssm_hook(mixer: Any, store: dict[str, Tensor], mask: Tensor, heads: list[int], idx: list[int],
               budget: int) -> Any:
     def hook(y: Tensor, hook: Any) -> Tensor:
-        b, L, _ = y.shape
+        b, L = y.shape[:2]
         masks = _fit(mask, y, b, L, hook.name)[:, idx].float()
-        return model.ssm_mixer(layer).masked_output(y, store["hook_x"], store["hook_dt"], store["hook_B"],
-                                                    store["hook_C"], heads, masks, budget)
+        out: Tensor = mixer.masked_output(y, dict(store), heads, masks, budget)
+        return out
 
     return hook
 

@@ -80,9 +80,13 @@ class SSMMixer(Protocol):
         """``[batch, head, query, key]`` from the layer's ``hook_dt/B/C`` (see :mod:`.implied`)."""
         ...
 
-    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
-                      masks: Tensor, max_bytes: int) -> Tensor:
-        """``hook_y`` with ``heads`` reading through ``masks`` ``[batch, len(heads), query, key]``."""
+    #: the hooks (``hook_<name>`` of the mixer) whose values :meth:`masked_output` reads, by ``<name>``
+    mask_inputs: tuple[str, ...]
+
+    def masked_output(self, y: Tensor, acts: dict[str, Tensor], heads: list[int], masks: Tensor,
+                      max_bytes: int) -> Tensor:
+        """``hook_y`` with ``heads`` reading through ``masks`` ``[batch, len(heads), query, key]``; ``acts`` holds
+        the same forward's :attr:`mask_inputs`."""
         ...
 
 
@@ -91,6 +95,7 @@ class _MixerBase(nn.Module):
     A_log: nn.Parameter
     #: "auto" (kernel when possible, else chunked), "chunked", "sequential" (exposes hook_state), "kernel"
     scan_impl: str = "auto"
+    mask_inputs: tuple[str, ...] = ("x", "dt", "B", "C")
 
     def A(self) -> Tensor:
         """``-exp(A_log)`` in fp32, detached: Mamba-1 ``[d_inner, d_state]``, Mamba-2 ``[n_heads]``."""
@@ -163,10 +168,11 @@ class Mamba1Mixer(_MixerBase):
         return mamba1_implied_attention(dt, self.A(), B, C, heads=heads, head_size=self.cfg.d_head, rows=rows,
                                         max_bytes=max_bytes, **kwargs)
 
-    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
-                      masks: Tensor, max_bytes: int) -> Tensor:
+    def masked_output(self, y: Tensor, acts: dict[str, Tensor], heads: list[int], masks: Tensor,
+                      max_bytes: int) -> Tensor:
         from gather_aggregate.adapters.implied_mamba1 import mamba1_masked_output
 
+        x, dt, B, C = (acts[n] for n in self.mask_inputs)
         return mamba1_masked_output(y, x, dt, B, C, self.A().to(dt.device), self.cfg.d_head, heads, masks, max_bytes)
 
 
@@ -253,10 +259,11 @@ class Mamba2Mixer(_MixerBase):
             raise InputError("reduce= applies to Mamba-1 channel groups; Mamba-2 heads are already scalar-decay heads")
         return mamba2_implied_attention(dt, self.A(), B, C, heads=heads, rows=rows, max_bytes=max_bytes, **kwargs)
 
-    def masked_output(self, y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, heads: list[int],
-                      masks: Tensor, max_bytes: int) -> Tensor:
+    def masked_output(self, y: Tensor, acts: dict[str, Tensor], heads: list[int], masks: Tensor,
+                      max_bytes: int) -> Tensor:
         from gather_aggregate.adapters.implied_mamba2 import mamba2_masked_output
 
+        x, dt, B, C = (acts[n] for n in self.mask_inputs)
         return mamba2_masked_output(y, x, dt, B, C, self.A().to(dt.device), self.cfg.d_head, heads, masks, max_bytes)
 
 

@@ -172,7 +172,3 @@ def test_a_checkpoint_whose_config_disagrees_is_refused(saved, tmp_path):
         model.pattern(_tokens(model.d_vocab, L=5), 0, reduce="mean")
     with pytest.raises(InputError, match="DeltaNet"):
         model.ssm_layer_params(0)
-    from gather_aggregate.adapters import mask_heads
-
-    with pytest.raises(InputError, match="DeltaNet"), mask_heads(model, [(0, 1)], torch.ones(1, 5, 5)):
-        pass

@@ -151,3 +151,44 @@ def test_attention_heads_masking(bridge_model):
     torch.testing.assert_close(pat1[:, others], pat0[:, others])
     assert not torch.allclose(masked["blocks.1.attn.hook_z"][:, :, 2], cache["blocks.1.attn.hook_z"][:, :, 2])
     assert count_hooks(m) == 0
+
+
+def test_gated_deltanet_heads_are_masked_as_the_sequential_oracle_says():
+    """Qwen3-Next's value heads: all-ones reproduces the forward bit for bit; a segment mask gives the masked
+    heads ``Σ_s M[t, s] α[t, s] v_s`` with α walked back step by step (the oracle), leaves the others alone, and
+    the logits equal a forward whose ``hook_y`` holds the oracle's output."""
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.adapters.delta_rule import prepare_qk
+    from gather_aggregate.adapters.families_testing import tiny_hf_qwen3_next
+    from gather_aggregate.adapters.gated_deltanet import masked_delta_rule_ref
+
+    m = from_hf_model(tiny_hf_qwen3_next(2, linear_num_value_heads=4, linear_num_key_heads=2))
+    before = param_checksum(m)
+    t = toks(L=14)
+    b, L = t.shape
+    clean_logits, clean = m.run_with_cache(t)
+    heads = [(0, 1), (2, 0), (2, 3)]
+    with mask_heads(m, heads, torch.ones(b, L, L)):
+        assert torch.equal(m(t), clean_logits)
+    mask = segment_mask(b, L, [(2, 6), (5, 11)])
+    with mask_heads(m, heads, mask):
+        logits, masked = m.run_with_cache(t)
+    assert param_checksum(m) == before and count_hooks(m) == 0
+    assert (logits - clean_logits).abs().max() > 1e-3
+    oracle_y = {}
+    for layer, hs in ((0, [1]), (2, [0, 3])):  # inputs from the masked run: layer 2 reads masked layer 0
+        q, k, v, g, beta = (masked[f"blocks.{layer}.ssm.hook_{n}"] for n in ("q", "k", "v", "g", "beta"))
+        qn, kn = prepare_qk(q, k, m.cfg.n_heads)
+        keep = torch.isin(torch.arange(m.cfg.n_heads), torch.tensor(hs))[None, :, None, None]
+        want = masked_delta_rule_ref(qn, kn, v, g, beta, torch.where(keep, mask[:, None], torch.ones(b, 1, L, L)))
+        torch.testing.assert_close(masked[f"blocks.{layer}.ssm.hook_y"], want, rtol=1e-5, atol=1e-5)
+        oracle_y[layer] = want
+    others = [h for h in range(m.cfg.n_heads) if h != 1]
+    assert torch.equal(masked["blocks.0.ssm.hook_y"][:, :, others], clean["blocks.0.ssm.hook_y"][:, :, others])
+    assert (masked["blocks.0.ssm.hook_y"][:, :, 1] - clean["blocks.0.ssm.hook_y"][:, :, 1]).abs().max() > 1e-2
+
+    def put(layer):
+        return lambda y, hook: oracle_y[layer].to(y.dtype)
+
+    rebuilt = m.run_with_hooks(t, fwd_hooks=[(f"blocks.{L_}.ssm.hook_y", put(L_)) for L_ in oracle_y])
+    torch.testing.assert_close(logits, rebuilt, rtol=1e-4, atol=1e-4)
