@@ -169,3 +169,25 @@ def test_a_checkpoint_whose_config_disagrees_is_refused(saved, tmp_path):
     msg = str(err.value)
     assert "model.layers.0.mamba.norm.weight" in msg and "model.layers.1.self_attn.q_proj.weight" in msg
     assert "mis-shaped" in msg and "mamba_rms_norm" in msg
+
+
+def test_mamba2_heads_agree_with_transformerlens_where_its_formula_holds():
+    """TL 4.3's ``compute_ssm_effective_attention`` on its Falcon-H1 bridge looks up ``blocks.L.mixer.*`` while the
+    bridge names the Mamba-2 branch ``mamba`` (so it raises), and it reads ``in_proj`` before Falcon-H1's
+    ``ssm_multipliers``.  With the keys renamed and every SSM multiplier 1, its matrix equals ours."""
+    from transformer_lens.model_bridge.generalized_components.ssm_protocol import find_ssm_mixer
+
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.bridge import _build_bridge
+
+    hf = tiny_hf_falcon_h1(0, num_hidden_layers=1, ssm_in_multiplier=1.0, ssm_multipliers=[1.0] * 5)
+    model = from_hf_model(hf)  # before the bridge, which wraps the HF modules in place
+    bridge = _build_bridge(hf, type(hf).__name__, hf.config, None)
+    mixer = find_ssm_mixer(bridge.blocks[0])
+    mixer.eager_scan = True
+    toks = _tokens(97, n=1, L=20)
+    _, tl_cache = bridge.run_with_cache(toks, use_cache=False)
+    renamed = {k.replace(".mamba.", ".mixer."): v for k, v in tl_cache.items() if k.startswith("blocks.0.")}
+    theirs = mixer.compute_effective_attention(renamed, 0, include_dt_scaling=True).detach()
+    ours = model.pattern(toks, 0, heads=model.layers[0].heads_of("ssm"))
+    assert float((theirs - ours).abs().max() / ours.abs().max()) <= 1e-5
