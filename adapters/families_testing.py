@@ -172,7 +172,7 @@ def random_falcon_h1_config(seed: int, vocab_size: int = 61) -> Any:
         embedding_multiplier=u[0], lm_head_multiplier=u[1], key_multiplier=u[2], attention_in_multiplier=u[3],
         attention_out_multiplier=u[4], ssm_in_multiplier=u[5], ssm_out_multiplier=u[6], ssm_multipliers=u[7:12],
         mlp_multipliers=[u[12], u[0]], time_step_limit=r.choice([(0.0, float("inf")), (0.01, 2.0)]),
-        rope_parameters={"rope_type": "default", "rope_theta": r.choice([10000.0, 500.0])})
+        rope_parameters={"rope_type": "default", "rope_theta": 1e11 if seed % 2 else 1e4})  # Falcon-H1 ships 1e11
 
 
 def tiny_hf_falcon_h1(seed: int = 0, config: Any = None, **overrides: Any) -> Any:
