@@ -70,6 +70,8 @@ def test_one_layer_holds_both_head_kinds_and_its_output_is_linear_in_them():
     torch.testing.assert_close(mixed[:, 1], cache["blocks.1.attn.hook_pattern"][:, 0])
     torch.testing.assert_close(mixed[:, [0, 2]], model.pattern(cache, 1, heads=[5, 11]))
     torch.testing.assert_close(model.pattern(toks, 1, heads=[5, 0, 11]), mixed)
+    full = model.pattern(cache, 1)
+    torch.testing.assert_close(model.pattern(cache, 1, rows=[-1, 3]), full[:, :, [14, 3]], atol=1e-6, rtol=1e-5)
     with pytest.raises(InputError, match="SSM heads"):
         model.pattern(cache, 1, heads=[0, 5], kind="softmax")
     with pytest.raises(InputError, match="apply only to SSM layers and heads"):
