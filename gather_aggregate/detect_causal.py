@@ -45,12 +45,32 @@ class Prober:
         self.batches = [collate(list(examples[i:i + batch_size]), pad_id_of(model.tokenizer), device=model.device)
                         for i in range(0, len(examples), batch_size)]
         self.masks = [self._masks(b) for b in self.batches]
-        self.n_forwards = 0
-        with torch.no_grad():
-            self.clean = self._mean([self._logprob(b, self.model(b.tokens)) for b in self.batches])
+        self.n_forwards = 0  # interventions run (forward-equivalents)
+        self.n_passes = 0  # model calls (stacked ablations share one)
+        # the clean forward also keeps each layer's input, so that an ablation whose earliest head is in layer L
+        # restarts there (``start_at_layer``) instead of at the tokens, within RESID_CACHE_BYTES
+        self.resid: list[dict[int, Tensor]] = []
+        parts = []
+        for b in self.batches:
+            got: dict[int, Tensor] = {}
+            hooks = [(name, self._keep(got, la)) for la in range(1, model.n_layers)
+                     if (name := model.resid_hook(la)) in getattr(model, "hook_dict", {})]
+            with torch.no_grad():
+                parts.append(self._logprob(b, model.run_with_hooks(b.tokens, fwd_hooks=hooks)))
+            self.resid.append(got)
+        if sum(t.numel() * t.element_size() for got in self.resid for t in got.values()) > RESID_CACHE_BYTES:
+            self.resid = [{} for _ in self.batches]
+        self.clean = self._mean(parts)
         n_cand = torch.cat([b.cand_mask.sum(1).float() for b in self.batches])
         self.chance = float((-n_cand.log()).mean())
         self.margin = self.clean - self.chance
+
+    @staticmethod
+    def _keep(got: dict[int, Tensor], layer: int) -> Any:
+        def hook(x: Tensor, hook: Any) -> None:
+            got[layer] = x.detach()
+
+        return hook
 
     @staticmethod
     def _masks(b: Any) -> dict[str, Tensor]:
@@ -123,17 +143,85 @@ class Prober:
             with torch.no_grad():
                 logits = self.model.run_with_hooks(b.tokens, fwd_hooks=hooks) if hooks else self.model(b.tokens)
             self.n_forwards += 1
+            self.n_passes += 1
             parts.append(self._logprob(b, logits))
         return self._mean(parts), captured
 
     def loss(self, heads: Sequence[Head], where: str) -> float:
         """Share of the retrieval margin lost when ``heads`` are zero-ablated at ``where``."""
-        if where not in WHERE:
-            raise InputError(f"where must be one of {WHERE}, got {where!r}")
-        if not heads:
-            return 0.0
-        m, _ = self.run({where: heads})
-        return (self.clean - m) / self.margin
+        return self.losses([(heads, where)])[0]
+
+    def losses(self, ablations: Sequence[tuple[Sequence[Head], str]]) -> list[float]:
+        """:meth:`loss` of each ``(heads, where)``, with the ablations stacked along the batch: a forward on ``R``
+        copies of a batch of prompts runs ``R`` ablations, each copy with its own heads zeroed (one multiplicative
+        mask per layer).  ``R`` keeps the copies' logits within :data:`STACK_LOGITS` floats, so a small model runs
+        many ablations per forward and a large one (vocabulary x width past the budget) one at a time, as
+        :meth:`run` does.  The numbers equal separate forwards up to float summation order."""
+        for _, where in ablations:
+            if where not in WHERE:
+                raise InputError(f"where must be one of {WHERE}, got {where!r}")
+        out = [0.0] * len(ablations)
+        todo = [i for i, (heads, _) in enumerate(ablations) if heads]
+        if not todo:
+            return out
+        todo.sort(key=lambda i: min(la for la, _ in ablations[i][0]))  # copies that restart at one layer together
+        sums = {i: 0.0 for i in todo}
+        count = 0
+        for b, masks, resid in zip(self.batches, self.masks, self.resid):
+            nb, width = b.tokens.shape
+            per = max(1, min(STACK_MAX_COPIES, STACK_LOGITS // max(1, nb * width * int(self.model.d_vocab))))
+            for lo in range(0, len(todo), per):
+                chunk = todo[lo:lo + per]
+                lp = self._stacked(b, masks, resid, [ablations[i] for i in chunk])  # [copies, nb]
+                for j, i in enumerate(chunk):
+                    sums[i] += float(lp[j].sum())
+                self.n_forwards += len(chunk)
+                self.n_passes += 1
+            count += nb
+        for i in todo:
+            out[i] = (self.clean - sums[i] / count) / self.margin
+        return out
+
+    def _stacked(self, b: Any, masks: dict[str, Tensor], resid: dict[int, Tensor],
+                 ablations: Sequence[tuple[Sequence[Head], str]]) -> Tensor:
+        """Candidate log-probs ``[copies, batch]`` of one batch under each ablation, in one forward that starts
+        at the earliest ablated layer (from the clean run's input to it, where kept)."""
+        r, (nb, width) = len(ablations), b.tokens.shape
+        keep: dict[int, Tensor] = {}  # layer -> [copies * nb, pos, heads] (1 = keep, 0 = zeroed)
+        for c, (heads, where) in enumerate(ablations):
+            for la, h in heads:
+                if la not in keep:
+                    keep[la] = torch.ones(r * nb, width, self.model.layers[la].n_heads, device=b.tokens.device)
+                keep[la][c * nb:(c + 1) * nb, :, h] = (~masks[where]).float()
+        hooks = []
+        for la, k in keep.items():
+            name, axis = self.model.head_hook(la)
+
+            def hook(z: Tensor, hook: Any, k: Tensor = k, axis: int = axis) -> Tensor:
+                m = k[:, : z.shape[1]].to(z.dtype).movedim(2, axis)  # heads onto z's head axis
+                return z * m.unsqueeze(-1)
+
+            hooks.append((name, hook))
+        start = min(keep)
+        with torch.no_grad():
+            if start in resid:
+                x = resid[start]
+                with self.model.hooks(fwd_hooks=hooks):
+                    logits = self.model(x.repeat(r, *([1] * (x.dim() - 1))), start_at_layer=start)
+            else:
+                logits = self.model.run_with_hooks(b.tokens.repeat(r, 1), fwd_hooks=hooks)
+        q = logits.view(r, nb, width, -1)[:, torch.arange(nb), b.query_pos].float()  # [copies, nb, vocab]
+        cand = q.gather(2, b.cand_ids.clamp_min(0).expand(r, -1, -1)).masked_fill(~b.cand_mask, float("-inf"))
+        return cand.log_softmax(-1).gather(2, b.answer[None, :, None].expand(r, -1, 1))[..., 0]
+
+
+#: stacked ablations (:meth:`Prober.losses`): at most this many copies of a batch per forward, and their logits
+#: within this many floats (256 MB in fp32)
+STACK_MAX_COPIES = 4
+STACK_LOGITS = 1 << 26
+#: the clean run's layer inputs are kept for restarts when they fit in this many bytes (else every ablation
+#: runs from the tokens)
+RESID_CACHE_BYTES = 1 << 29
 
 
 #: a head stays in its role's group while restoring it alone (the rest of the group still ablated) gives back at
@@ -152,7 +240,8 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
     give: dict[Head, float] = {}
     loss = prober.loss(group, where)
     while group:
-        cur = {hd: loss - prober.loss([g for g in group if g != hd], where) for hd in group}
+        without = prober.losses([([g for g in group if g != hd], where) for hd in group])
+        cur = {hd: loss - lo for hd, lo in zip(group, without)}
         give.update(cur)
         worst = min(group, key=lambda hd: (cur[hd], hd))
         steps.append({"group": [list(h) for h in group], "loss": loss, "least_give_back": cur[worst]})
@@ -181,14 +270,13 @@ def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Seque
         need[kinds[hd]] = need.get(kinds[hd], 0) + 1
     by_kind = {k: [hd for hd in pool if kinds[hd] == k] for k in need}
     matched = all(len(by_kind[k]) >= n for k, n in need.items())
-    out = []
+    picks = []
     for _ in range(N_RANDOM):
         if matched:
-            pick = [hd for k, n in need.items() for hd in rng.sample(by_kind[k], n)]
+            picks.append([hd for k, n in need.items() for hd in rng.sample(by_kind[k], n)])
         else:
-            pick = rng.sample(list(pool), min(len(group), len(pool)))
-        out.append(prober.loss(pick, where))
-    return out, matched
+            picks.append(rng.sample(list(pool), min(len(group), len(pool))))
+    return prober.losses([(p, where) for p in picks]), matched
 
 
 def path_losses(prober: Prober, senders: Sequence[Head], receivers: Sequence[Head]) -> tuple[float, dict]:

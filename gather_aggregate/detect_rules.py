@@ -94,8 +94,8 @@ def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candi
     }
     groups: dict[str, dict[str, Any]] = {}
     for role, where in WHERE.items():
-        for hd, r in heads.items():
-            r[f"{role}_alone"] = prober.loss([hd], where)
+        for (hd, r), alone in zip(heads.items(), prober.losses([([hd], where) for hd in heads])):
+            r[f"{role}_alone"] = alone
         group, loss, give, steps = peel(prober, cands[role], where)
         groups[role] = {"where": where, "candidates": [list(h) for h in cands[role]], "group": group, "loss": loss,
                         "give_back": give, "steps": steps}
@@ -128,7 +128,7 @@ def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candi
     result["heads"] = list(heads.values())
     result["groups"] = {role: {**{k: v for k, v in g.items() if k not in ("give_back", "group")},
                                "group": [list(h) for h in g["group"]]} for role, g in groups.items()}
-    result["n_forwards"] = prober.n_forwards
+    result["n_forwards"], result["n_passes"] = prober.n_forwards, prober.n_passes
     return result
 
 
