@@ -9,8 +9,10 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+#: reproduce_paper.ipynb runs the claims on every zoo model (about 3 minutes on an idle machine): a slow test
 @pytest.mark.notebook
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "reproduce_paper.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb",
+                                  pytest.param("reproduce_paper.ipynb", marks=pytest.mark.slow)])
 def test_notebook_runs_headless(name, tmp_path):
     import nbformat
     from nbclient import NotebookClient
