@@ -13,6 +13,9 @@ EXTRAS     ?= dev,train,ray,accelerate,lmeval
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.ga-installed
 PYTEST_ARGS ?=
+# The default suite runs its test files on up to 4 worker processes (pytest-xdist; one file stays on one worker,
+# so a module's fixtures are built once).  Each test runs one torch thread, so a worker per core is the speed-up.
+PARALLEL   ?= -n auto --maxprocesses 4 --dist loadfile
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -43,12 +46,12 @@ test: setup
 	@bash scripts/ensure_system_deps.sh
 	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
 	$(PY) -m mypy
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PARALLEL) $(PYTEST_ARGS)
 
 # Everything, slow tests and notebooks included (not in CI's time budget).
 test-all: setup
 	@bash scripts/ensure_system_deps.sh
-	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" $(PARALLEL) $(PYTEST_ARGS)
 
 bench: setup
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
