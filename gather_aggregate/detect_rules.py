@@ -94,7 +94,7 @@ def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candi
     }
     groups: dict[str, dict[str, Any]] = {}
     for role, where in WHERE.items():
-        for (hd, r), alone in zip(heads.items(), prober.losses([([hd], where) for hd in heads])):
+        for r, alone in zip(heads.values(), prober.losses([([hd], where) for hd in heads])):
             r[f"{role}_alone"] = alone
         group, loss, give, steps = peel(prober, cands[role], where)
         groups[role] = {"where": where, "candidates": [list(h) for h in cands[role]], "group": group, "loss": loss,

@@ -14,13 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.interventions import Method, ablation_hooks, heads_except, make_replacement
+from gather_aggregate.interventions import (
+    Method,
+    ablation_hooks,
+    heads_except,
+    make_replacement,
+    resample_hooks,
+)
 from gather_aggregate.protocol import Head, HookedModel
 
-Evaluator = Callable[[Any, Sequence[Any], list], float]
+Evaluator = Callable[[Any, Sequence[Any], Any], float]  # (model, examples, hooks or a batch -> hooks factory)
 
 
-def accuracy_of(model: HookedModel, examples: Sequence[Any], fwd_hooks: list, **kwargs: Any) -> float:
+def accuracy_of(model: HookedModel, examples: Sequence[Any], fwd_hooks: list | Callable, **kwargs: Any) -> float:
     """Accuracy of ``model`` on ``examples`` with ``fwd_hooks`` attached (no progress bar)."""
     from gather_aggregate.tasks import evaluate
 
@@ -65,13 +71,20 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
 
 
 def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
-                method: Method = "zero", reference: Any = None, evaluator: Evaluator | None = None) -> dict[str, Any]:
-    """Evaluate with exactly ``heads`` ablated, next to the clean model."""
+                method: Method = "zero", reference: Any = None, evaluator: Evaluator | None = None,
+                seed: int = 0) -> dict[str, Any]:
+    """Evaluate with exactly ``heads`` ablated, next to the clean model.  ``method="resample"`` without a
+    ``reference``: each prompt's heads take their outputs on another prompt of the same set (a seeded
+    derangement, :func:`gather_aggregate.interventions.resample_hooks`)."""
     heads = model.check_head_set(heads)
     if not heads:
         raise InputError("empty head set: pass the heads to remove")
     clean = evaluate_sets(model, task_sets, [], evaluator)
-    ablated = evaluate_sets(model, task_sets, head_ablation_hooks(model, heads, method, reference), evaluator)
+    if method == "resample" and reference is None:
+        ev = evaluator or accuracy_of
+        ablated = {name: ev(model, exs, resample_hooks(model, heads, exs, seed)) for name, exs in task_sets.items()}
+    else:
+        ablated = evaluate_sets(model, task_sets, head_ablation_hooks(model, heads, method, reference), evaluator)
     return {"heads": [list(h) for h in heads], "clean": clean, "ablated": ablated}
 
 

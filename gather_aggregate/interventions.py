@@ -166,6 +166,45 @@ def ablation_hooks(model: HookedModel, heads: Sequence[Head], replacement: Repla
     return hooks
 
 
+def resample_hooks(model: HookedModel, heads: Sequence[Head], examples: Sequence[Any], seed: int = 0) -> Callable:
+    """Resample ablation for an evaluation over ``examples``, as a hook factory (``batch -> hooks``, what
+    :func:`gather_aggregate.tasks.evaluate.evaluate` takes): every example's ``heads`` get the outputs they give
+    on another example of the set (a seeded derangement, :func:`resample_index`), whichever batches the evaluator
+    forms, its continuation rows for multi-token candidates included.  Positions past the other prompt's end
+    take the outputs at its padding."""
+    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.tasks.base import collate
+
+    heads = model.check_head_set(heads)
+    exs = list(examples)
+    if len(exs) < 2:
+        raise InputError("resample ablation needs at least two prompts (each takes another's head outputs); "
+                         "pass more prompts, or use method='mean' or 'zero'")
+
+    def key(e: Any) -> tuple[int, ...]:  # the prompt, also inside a continuation row
+        return tuple(e.input_ids[: e.query_pos + 1])
+
+    pad = pad_id_of(model.tokenizer)
+    batch = collate(exs, pad, device=model.device)
+    longest = max(len(c) for e in exs for c in e.candidate_ids)
+    tokens = torch.nn.functional.pad(batch.tokens, (0, longest), value=pad)
+    partner = resample_index(batch.tokens, batch.tokens, seed)
+    ref = head_outputs(model, tokens, sorted({la for la, _ in heads}))
+    row_of = {key(e): i for i, e in enumerate(exs)}
+
+    def factory(b: Any) -> list[tuple[str, Callable]]:
+        try:
+            idx = partner[[row_of[key(e)] for e in b.examples]]
+        except KeyError:
+            raise InputError("resample hooks were built for other prompts than the ones evaluated; build them "
+                             "with the same examples") from None
+        width = b.tokens.shape[1]
+        rep = Replacement("resample", {la: r[:, :width] for la, r in ref.items()}, index=idx)
+        return ablation_hooks(model, heads, rep)
+
+    return factory
+
+
 @contextlib.contextmanager
 def ablate(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None, *,
            per_position: bool = True, seed: int = 0) -> Iterator[Any]:

@@ -170,11 +170,10 @@ def run_ablate(args: argparse.Namespace) -> int:
     model = load(args)
     heads = parse_heads(args.heads, model)
     examples = task_examples(args, model)
-    reference = None
-    if args.ablation != "zero":
-        tokens, _ = task_metric(model, examples)
-        reference = tokens.roll(1, 0)
-    res = remove_only(model, heads, {args.task: examples}, method=args.ablation, reference=reference)
+    reference = None  # resample: each prompt takes another prompt's head outputs (a seeded derangement)
+    if args.ablation == "mean":
+        reference, _ = task_metric(model, examples)
+    res = remove_only(model, heads, {args.task: examples}, method=args.ablation, reference=reference, seed=args.seed)
     atomic_write_json(out / "ablate.json", {"model": args.model, "method": args.ablation, "seed": args.seed, **res})
     names = " ".join(f"L{la}H{h}" for la, h in heads)
     write_csv(out / "ablate.csv", [{"task": t, "heads": names, "method": args.ablation, "clean": res["clean"][t],

@@ -205,3 +205,48 @@ def test_print_gaheads_is_a_short_summary():
     text = str(ga)
     assert text == repr(ga) and "\n" not in text and len(text) < 300
     assert "L0H2 (alone)" in text and "L1H3 (joint)" in text and "L0H2->L1H0" in text and "32 heads" in text
+
+
+def test_resample_hooks_give_each_prompt_another_prompts_outputs_in_any_batching():
+    """``ablate --ablation resample`` (remove_only): every prompt takes the head outputs of another prompt of the
+    set (a derangement), however the evaluator batches them; before, batches reused the reference rows modulo
+    and a prompt could get its own outputs back."""
+    from gather_aggregate.claims import task_sets
+    from gather_aggregate.experiments import remove_only
+    from gather_aggregate.interventions import head_outputs, resample_hooks
+    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.tasks import evaluate
+    from gather_aggregate.tasks.base import collate
+
+    path = list_zoo().get("llama-kvmc")
+    if path is None:
+        pytest.skip("the toy zoo is not shipped")
+    model = load_model(path)
+    kv = task_sets(model, path, 6, seed=1)["kv"]
+    head = (0, 2)
+    factory = resample_hooks(model, [head], kv, seed=3)
+    small = evaluate(model, kv, fwd_hooks=factory, batch_size=2, progress=False)
+    whole = evaluate(model, kv, fwd_hooks=factory, batch_size=6, progress=False)
+    assert torch.allclose(torch.tensor([r.logprobs for r in small.results]),
+                          torch.tensor([r.logprobs for r in whole.results]), atol=1e-4)
+    tokens = collate(kv, pad_id_of(model.tokenizer)).tokens
+    partner = resample_index(tokens, tokens, 3)
+    assert all(int(j) != i for i, j in enumerate(partner))
+    name, _ = model.head_hook(0)
+    for i in range(len(kv)):  # by hand: example i with L0H2's output taken from its partner's prompt
+        other = head_outputs(model, tokens[int(partner[i])][None], [0])[0]
+
+        def put(z, hook, other=other):
+            z = z.clone()
+            z[:, :, head[1]] = other[:, : z.shape[1], head[1]]
+            return z
+
+        one = collate([kv[i]], pad_id_of(model.tokenizer))
+        with torch.no_grad():
+            want = model.run_with_hooks(one.tokens, fwd_hooks=[(name, put)])[0, kv[i].query_pos]
+            got = model.run_with_hooks(one.tokens, fwd_hooks=factory(one))[0, kv[i].query_pos]
+        assert torch.allclose(got, want, atol=1e-5)
+    res = remove_only(model, [head], {"kv": kv}, method="resample", seed=3)
+    assert res["ablated"]["kv"] == pytest.approx(whole.accuracy)
+    with pytest.raises(InputError, match="at least two prompts"):
+        resample_hooks(model, [head], kv[:1])
