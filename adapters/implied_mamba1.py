@@ -28,6 +28,12 @@ from gather_aggregate.adapters.implied_common import (
     _head_list,
     _segsum,
 )
+from gather_aggregate.adapters.implied_mamba1_blocks import (
+    ROWS_LONG,
+    full_per_channel,
+    full_per_channel_bytes,
+    rows_per_channel,
+)
 from gather_aggregate.errors import InputError
 
 
@@ -87,7 +93,7 @@ def mamba1_implied_bytes(batch: int, L: int, n_out_heads: int, d_state: int, n_r
         # τ (float64) and Δ of the chunk, the query/key factors [L, N] per channel (with their transients)
         # and the diagonal block [T, T] per channel
         T = block or _block_size(L)
-        per = 8 * L + 4 * L + 4 * 3 * L * d_state + 8 * T * T
+        per = max(8 * L + 4 * L + 4 * 3 * L * d_state + 8 * T * T, full_per_channel_bytes(L, d_state))
     else:
         per = 8 * L + 4 * L  # τ (float64) and Δ of the chunk; the tiles hold the rest
     if per_channel_temp:
@@ -124,7 +130,8 @@ def mamba1_implied_attention(
             memory O(rows · L · heads) plus cache-sized tiles.
         dt_scaling: include the ``Δ_s`` factor (default; reconstructs ``y`` from the post-conv x).
         max_bytes: memory budget; raises :class:`MemoryBudgetError` (naming cheaper requests) past it.
-        block: block length of the full-matrix path (default ~sqrt(L), 8..64).
+        block: block length of the grouped-head and autograd full-matrix path (default ~sqrt(L), 8..64); per-channel
+            matrices without autograd use the block hierarchy of :mod:`.implied_mamba1_blocks`.
     """
     _check_inputs(dt, B, C, rows)
     b, L, D = dt.shape
@@ -171,6 +178,9 @@ def mamba1_implied_attention(
         if bool((ch == torch.arange(int(ch[0]), int(ch[0]) + len(ch), device=ch.device)).all()):
             ch = slice(int(ch[0]), int(ch[0]) + len(ch))  # a contiguous range: views, no gathers
         dt_c, A_c = dtf[:, :, ch], Af[ch]
+        if rows is None and head_size == 1 and not grad:  # per channel: the hierarchy of diagonal blocks
+            full_per_channel(dt_c, dt_c if dt_scaling else torch.ones_like(dt_c), A_c, Bf, Cf, out[:, i:j])
+            continue
         if rows is None and (head_size == 1 or fused):
             group = min(head_size, j - i)  # a piece is whole heads, or a part of one head
             dst = out[:, i // head_size:-(-j // head_size)]
@@ -180,6 +190,8 @@ def mamba1_implied_attention(
         alpha = out[:, i:j] if head_size == 1 else torch.empty(b, j - i, Q, L, device=dt.device)
         if rows is None:
             _mamba1_full(dt_c, dt_scaling, A_c, Bf, Cf, T, 1, alpha, accumulate=False, tile=tile, grad=grad)
+        elif not grad and L >= ROWS_LONG:  # long prompts: key chunks, dead decays skipped
+            rows_per_channel(dt_c, dt_scaling, A_c, Bf, Cf, rows, alpha)
         else:
             _mamba1_rows(dt_c, dt_scaling, A_c, Bf, Cf, rows, alpha, tile=tile, grad=grad)
         if head_size > 1:

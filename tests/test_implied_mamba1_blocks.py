@@ -1,0 +1,102 @@
+"""The Mamba-1 fast paths of implied_mamba1_blocks against the float64 formula (their oracle)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gather_aggregate.adapters.implied_mamba1_blocks as blocks
+from gather_aggregate.adapters.implied import mamba1_implied_attention, mamba1_implied_reference
+
+REL = 1e-5
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def inputs(b, L, d, n, dt_scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.nn.functional.softplus(torch.randn(b, L, d, generator=g)) * dt_scale
+    A = -torch.exp(torch.empty(d, n).uniform_(-2, 2, generator=g))
+    return dt, A, torch.randn(b, L, n, generator=g), torch.randn(b, L, n, generator=g)
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 2), L=st.integers(1, 300), d=st.integers(1, 6), n=st.integers(1, 5),
+       dt_scale=st.sampled_from([0.01, 1.0, 30.0]), scaling=st.booleans(), seed=st.integers(0, 999))
+def test_full_per_channel_equals_reference(b, L, d, n, dt_scale, scaling, seed):
+    """Every level of the block hierarchy (L up to 300: four levels, partial blocks at each) matches the formula,
+    zeros above the diagonal included, with decays from negligible to far below the exp(-87) floor."""
+    dt, A, B, C = inputs(b, L, d, n, dt_scale, seed)
+    ref = mamba1_implied_reference(dt, A, B, C, dt_scaling=scaling)
+    out = torch.full((b, d, L, L), float("nan"))  # every entry must be written
+    blocks.full_per_channel(dt, dt if scaling else torch.ones_like(dt), A, B, C, out)
+    assert rel(out, ref) <= REL
+    assert torch.equal(out.triu(1), torch.zeros_like(out))
+
+
+def test_full_per_channel_into_a_channel_slice():
+    """Writing into a strided channel slice of a larger output leaves the other channels alone."""
+    dt, A, B, C = inputs(1, 70, 6, 3, 1.0, 0)
+    out = torch.full((1, 9, 70, 70), 7.0)
+    blocks.full_per_channel(dt[:, :, 2:5], dt[:, :, 2:5], A[2:5], B, C, out[:, 3:6])
+    assert rel(out[:, 3:6], mamba1_implied_reference(dt, A, B, C)[:, 2:5]) <= REL
+    assert bool((out[:, :3] == 7).all()) and bool((out[:, 6:] == 7).all())
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 3 channels and chunks of 7 keys, so that tiny inputs cross every tile and chunk boundary
+    (the same for every generated input: nothing else changes them)."""
+    monkeypatch.setattr(blocks, "_ROW_CHANNELS", 3)
+    monkeypatch.setattr(blocks, "_ROW_KEYS", 7)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(b=st.integers(1, 2), L=st.integers(1, 120), d=st.integers(1, 8), n=st.integers(1, 5),
+       dt_scale=st.sampled_from([0.01, 1.0, 30.0]), scaling=st.booleans(), n_rows=st.integers(1, 3),
+       seed=st.integers(0, 999))
+def test_rows_per_channel_equals_reference(small_tiles, b, L, d, n, dt_scale, scaling, n_rows, seed):
+    """Query rows (any positions, repeated ones too) match the formula; with dt_scale 30 most decays die
+    (below exp(-87)) a few keys before the query, so whole tiles are skipped and written as zeros."""
+    dt, A, B, C = inputs(b, L, d, n, dt_scale, seed)
+    rows = torch.randint(0, L, (b, n_rows), generator=torch.Generator().manual_seed(seed))
+    ref = mamba1_implied_reference(dt, A, B, C, dt_scaling=scaling)
+    want = torch.stack([ref[i][:, rows[i]] for i in range(b)])  # [b, d, R, L]
+    out = torch.full((b, d, n_rows, L), float("nan"))
+    blocks.rows_per_channel(dt, scaling, A, B, C, rows, out)
+    assert rel(out, want) <= REL
+
+
+def test_rows_skip_dead_tiles_exactly(small_tiles, monkeypatch):
+    """Keys whose every decay is below exp(-87) cost no exps, and come out as exact zeros."""
+    dt, A, B, C = inputs(1, 200, 6, 4, 1.0, 3)
+    dt[:, :150] = 5.0  # |A| Δ ≥ 0.67 per step: after ~130 steps every decay is below exp(-87)
+    A = -torch.rand(6, 4) - 0.5
+    rows = torch.tensor([[199]])
+    calls = []
+    real_exp = torch.Tensor.exp_
+    monkeypatch.setattr(torch.Tensor, "exp_", lambda self: calls.append(self.numel()) or real_exp(self))
+    out = torch.empty(1, 6, 1, 200)
+    blocks.rows_per_channel(dt, True, A, B, C, rows, out)
+    monkeypatch.undo()
+    want = mamba1_implied_reference(dt, A, B, C)[:, :, 199:]
+    assert rel(out, want) <= REL
+    assert sum(calls) < 0.5 * 6 * 4 * 200  # most (channel, n, key) decays were never computed
+    assert bool((out[0, :, 0, :20] == 0).all())
+
+
+def test_public_rows_path_for_long_prompts(monkeypatch):
+    """mamba1_implied_attention routes query rows of long prompts (L ≥ ROWS_LONG) to the chunked path."""
+    monkeypatch.setattr(blocks, "ROWS_LONG", 1)
+    import gather_aggregate.adapters.implied_mamba1 as m1
+
+    monkeypatch.setattr(m1, "ROWS_LONG", 1)
+    dt, A, B, C = inputs(2, 50, 5, 3, 1.0, 1)
+    rows = torch.tensor([[49, 10], [0, 30]])
+    got = mamba1_implied_attention(dt, A, B, C, rows=rows, heads=[4, 1, 2])
+    ref = mamba1_implied_reference(dt, A, B, C)[:, [4, 1, 2]]
+    assert rel(got, torch.stack([ref[i][:, rows[i]] for i in range(2)])) <= REL
