@@ -137,15 +137,46 @@ def bench_ours(L: int, head_size: int = 1, rows: int | None = None, model_type: 
     return {**stats, **diff_stats(got, want), "shape": list(alpha.shape), "d_inner": D}
 
 
+def bench_long_row(L: int, path: str = "chunked", d_model: int = 4096, d_state: int = 16, seed: int = 0,
+                   check_channels: int = 64) -> dict[str, Any]:
+    """The last query row on a Falcon-Mamba-7B-sized layer at a length whose forward would take minutes here:
+    ``A`` and the ``dt_proj`` bias are the random-weight layer's own (HF's initialisation: Δ log-uniform in
+    [1e-3, 1e-1]); ``Δ = softplus(bias + N(0, 0.5²))`` per position, ``B, C ~ N(0, 1)`` (FalconMamba
+    RMS-normalises them).  ``path="tiled"`` forces the short-prompt path (the previous implementation)."""
+    import torch
+
+    import gather_aggregate.adapters.implied_mamba1 as m1
+    from gather_aggregate.adapters.implied import mamba1_implied_attention
+
+    hf = build_hf("falcon_mamba", d_model, d_state, seed)
+    mixer = hf.backbone.layers[0].mixer
+    A = -torch.exp(mixer.A_log.detach().float())
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.nn.functional.softplus(mixer.dt_proj.bias.detach() + 0.5 * torch.randn(1, L, A.shape[0], generator=g))
+    B, C = torch.randn(1, L, d_state, generator=g), torch.randn(1, L, d_state, generator=g)
+    del hf, mixer
+    if path == "tiled":
+        m1.ROWS_LONG = L + 1
+    rows = torch.tensor([[L - 1]])
+    with torch.no_grad():
+        stats, alpha = measure(lambda: mamba1_implied_attention(dt, A, B, C, rows=rows), 1)
+        ch = torch.linspace(0, A.shape[0] - 1, check_channels).round().long()
+        cache = {f"blocks.0.ssm.hook_{n}": v for n, v in (("dt", dt[:, :, ch]), ("B", B), ("C", C))}
+        want = reference_rows(cache, A[ch], [L - 1], torch.arange(len(ch)))
+    return {**stats, **diff_stats(alpha[0, ch, -1:], want), "shape": list(alpha.shape), "d_inner": A.shape[0]}
+
+
 def child(spec: dict[str, Any]) -> None:
     single_thread()
-    fn = {"tl": bench_tl, "ours": bench_ours}[spec.pop("kind")]
+    fn = {"tl": bench_tl, "ours": bench_ours, "long_row": bench_long_row}[spec.pop("kind")]
     print(json.dumps(fn(**spec)))
 
 
 # ------------------------------------------------------------------ the table
 def fmt_time(r: dict[str, Any]) -> str:
-    return f"{r['wall_s']:.3f} s" if "wall_s" in r else "-"
+    if "wall_s" not in r:
+        return "-"
+    return f"{r['wall_s']:.3f} s (CPU {r['cpu_s']:.3f} s)" if "cpu_s" in r else f"{r['wall_s']:.3f} s"
 
 
 def fmt_mem(r: dict[str, Any]) -> str:
@@ -164,6 +195,8 @@ def main() -> None:
     ap.add_argument("--group-sizes", type=int, nargs="*", default=[512, 64])
     ap.add_argument("--falcon-length", type=int, default=2048)
     ap.add_argument("--no-falcon", action="store_true")
+    ap.add_argument("--long-row-lengths", type=int, nargs="*", default=[16384],
+                    help="last row on a 7B-sized layer with synthetic Δ/B/C (no forward): new path and the tiled one")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of our (cheap) calls; TL runs once")
     ap.add_argument("--max-gib", type=float, default=10.0, help="address-space cap of every child process")
     args = ap.parse_args()
@@ -191,11 +224,15 @@ def main() -> None:
         rows.append(("last row, 7B-sized layer", args.falcon_length, {},
                      run({"kind": "ours", "L": args.falcon_length, "rows": -1, "model_type": "falcon_mamba",
                           "d_model": 4096, "repeats": args.repeats, "check_channels": 256})))
+    for L in args.long_row_lengths:
+        for path in ("chunked", "tiled"):
+            rows.append((f"last row, 7B-sized layer, synthetic Δ ({path} path)", L, {},
+                         run({"kind": "long_row", "L": L, "path": path})))
 
     from _common import machine
 
     single_thread()
-    print(f"\nMamba-1 implied attention, batch 1, random weights; {machine()}")
+    print(f"\nMamba-1 implied attention, batch 1, random weights; {machine()} (at the end of the run)")
     print(f"TL = TransformerLens compute_ssm_effective_attention (eager_scan), 1 run; ours = min of {args.repeats} "
           f"runs (1 for the grouped rows), and the first call in the process; times are wall-clock; "
           f"memory = peak RSS growth during the call(s); every run in its own process capped at {args.max_gib:g} GiB.\n")
@@ -210,7 +247,7 @@ def main() -> None:
         shape = "x".join(str(s) for s in ours["shape"][1:])
         speed = mem = diff = "-"
         if tl and "error" not in tl:
-            speed = f"{tl['wall_s'] / ours['wall_s']:.0f}x"
+            speed = f"{tl['wall_s'] / ours['wall_s']:.0f}x (CPU {tl['cpu_s'] / ours['cpu_s']:.0f}x)"
             mem = f"{tl['dpeak_mib'] / max(ours['dpeak_mib'], 1e-9):.0f}x"
             diff = f"{tl['max_abs_diff']:.1e} ({tl['rel_diff']:.0e})"
         print(f"| {label} | {ours['d_inner']} | {L} | {shape} | {tl_t} | {fmt_mem(tl) if tl else '-'} | "
