@@ -18,7 +18,9 @@ Ali et al.; then ``y = α @ (Δ ∘ x) + D ∘ x``).  With the default
 ``dt_scaling=True`` the matrix reconstructs ``y`` from the post-conv ``x``.
 
 The formulas, their references (oracles) and fast paths live in
-:mod:`.implied_mamba1` and :mod:`.implied_mamba2`; this module gathers them.
+:mod:`.implied_mamba1` (with :mod:`.implied_mamba1_blocks`: the per-channel full
+matrix and long prompts' query rows) and :mod:`.implied_mamba2`; this module
+gathers them.
 
 Decays are always ``exp`` of log-space differences of a float64 cumulative sum
 (segsum), never ratios of exponentials, so they stay finite and accurate for
