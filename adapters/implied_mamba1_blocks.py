@@ -186,43 +186,43 @@ def rows_per_channel(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tens
         for r, t in enumerate(rr):
             order = torch.argsort(slowest * tau_rows[r].double())  # fastest-decaying channels first
             A_p = A.index_select(0, order)  # [c, N]
-            starts = list(range(0, c, _ROW_CHANNELS))
-            carry = [torch.zeros(min(_ROW_CHANNELS, c - c0), 1, dtype=torch.float64, device=dt.device)
-                     for c0 in starts]  # per tile: Σ_{k=s1..t} Δ_k
-            alive = [list(range(N)) for _ in starts]
+            TC = _ROW_CHANNELS
+            n_tiles = -(-c // TC)
+            carry = torch.zeros(c, 1, dtype=torch.float64, device=dt.device)  # Σ_{k=s1..t} Δ_k per channel
+            alive = [list(range(N)) for _ in range(n_tiles)]
             first = 0  # tiles before this one are dead (they die in order, fastest first)
             for s1 in range(t + 1, 0, -_ROW_KEYS):
-                s0 = max(0, s1 - _ROW_KEYS)
-                while first < len(starts) and not alive[first]:
+                s0, k = max(0, s1 - _ROW_KEYS), min(s1, _ROW_KEYS)
+                while first < n_tiles and not alive[first]:
                     first += 1
-                if first == len(starts):
+                if first == n_tiles:
                     break
-                lo = starts[first]
-                d_p = dt[bi, s0:s1].index_select(1, order[lo:])  # [k, c - lo]: Δ in tile order
-                for i in range(first, len(starts)):
-                    if not alive[i]:
-                        continue
-                    c0 = starts[i]
-                    c1 = min(c, c0 + _ROW_CHANNELS)
-                    d_k = d_p[:, c0 - lo:c1 - lo].T  # [tc, k]
-                    cs = d_k.double().cumsum(1)
-                    g64 = torch.sub(cs[:, -1:] + carry[i], cs, out=cs)  # τ_t - τ_s for s in [s0, s1)
-                    carry[i] = g64[:, :1] + d_k[:, :1]
-                    g = g64.float()
-                    A_ch = A_p[c0:c1]
-                    near = (A_ch * g[:, -1:]).amax(0).tolist()  # the largest exponent of each n over the tile
-                    alive[i] = [n for n in alive[i] if near[n] >= _EXP_FLOOR]
+                lo = first * TC
+                d_T = dt[bi, s0:s1].index_select(1, order[lo:]).T  # [c - lo, k]: Δ in tile order
+                cs = torch.empty(c - lo, k, dtype=torch.float64, device=dt.device).copy_(d_T).cumsum_(1)
+                g64 = torch.sub(cs[:, -1:] + carry[lo:], cs, out=cs)  # τ_t - τ_s for s in [s0, s1)
+                carry[lo:] = g64[:, :1] + d_T[:, :1]
+                g = g64.float()
+                near = A_p[lo:] * g[:, -1:]  # [c - lo, N]: each channel's largest exponent per n in the chunk
+                pad = (n_tiles - first) * TC - (c - lo)
+                if pad:
+                    near = torch.cat([near, near.new_full((pad, N), float("-inf"))])
+                near_t = near.view(n_tiles - first, TC, N).amax(1).tolist()
+                for i in range(first, n_tiles):
+                    alive[i] = [n for n in alive[i] if near_t[i - first][n] >= _EXP_FLOOR]
                     if not alive[i]:
                         continue  # every decay of the tile is below exp(-87) from here back to key 0
-                    na, k, tc = len(alive[i]), s1 - s0, c1 - c0
-                    A_a = (A_ch if na == N else A_ch[:, alive[i]]).T  # [n_alive, tc]
-                    e = torch.mul(g, A_a[:, :, None], out=buf[:na * tc * k].view(na, tc, k))  # [n_alive, tc, k]
-                    if float(A_a.min()) * float(g[:, 0].max()) < _EXP_FLOOR:
+                    c0, c1 = i * TC, min(c, (i + 1) * TC)
+                    g_t = g[c0 - lo:c1 - lo]
+                    na, tc = len(alive[i]), c1 - c0
+                    A_a = (A_p[c0:c1] if na == N else A_p[c0:c1, alive[i]]).T  # [n_alive, tc]
+                    e = torch.mul(g_t, A_a[:, :, None], out=buf[:na * tc * k].view(na, tc, k))  # [n_alive, tc, k]
+                    if float(A_a.min()) * float(g_t[:, 0].max()) < _EXP_FLOOR:
                         e.clamp_min_(_EXP_FLOOR)
                     cb = C[bi, t, alive[i], None] * B[bi, s0:s1, alive[i]].T  # [n_alive, k]: C_t[n] B_s[n]
                     row = e.exp_().mul_(cb[:, None, :]).sum(0)  # [tc, k]
                     if dt_scaling:
-                        row *= d_k
+                        row *= d_T[c0 - lo:c1 - lo]
                     out[bi, :, r, s0:s1].index_copy_(0, order[c0:c1], row)
 
 
