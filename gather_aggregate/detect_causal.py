@@ -160,6 +160,11 @@ class Prober:
         for _, where in ablations:
             if where not in WHERE:
                 raise InputError(f"where must be one of {WHERE}, got {where!r}")
+        last = self.model.n_layers - 1
+        # a last-layer head's output at a segment token reaches only that token's logits, never the query's: it
+        # is left out of a segments ablation (exactly what running it would give)
+        ablations = [([hd for hd in heads if not (where == "segments" and hd[0] == last)], where)
+                     for heads, where in ablations]
         out = [0.0] * len(ablations)
         todo = [i for i, (heads, _) in enumerate(ablations) if heads]
         if not todo:
