@@ -160,6 +160,11 @@ class Prober:
         for _, where in ablations:
             if where not in WHERE:
                 raise InputError(f"where must be one of {WHERE}, got {where!r}")
+        last = self.model.n_layers - 1
+        # a last-layer head's output at a segment token reaches only that token's logits, never the query's: it
+        # is left out of a segments ablation (exactly what running it would give)
+        ablations = [([hd for hd in heads if not (where == "segments" and hd[0] == last)], where)
+                     for heads, where in ablations]
         out = [0.0] * len(ablations)
         todo = [i for i, (heads, _) in enumerate(ablations) if heads]
         if not todo:
@@ -234,21 +239,42 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
     """Greedy peeling by joint ablation: start from every candidate ablated together; while some head gives back
     less than ``KEEP_MIN`` of the margin when restored alone, drop the one that gives back least.  Returns the
     group, its loss, each candidate's give-back (at its last test) and the steps, one rule for groups of one, two
-    or many (redundant heads each give back much once the others are gone)."""
+    or many (redundant heads each give back much once the others are gone).
+
+    Lazily evaluated: after a drop, a head's give-back is measured again only when its last value is the least
+    one known.  Restoring heads one by one only makes the others matter more where heads are redundant, so an
+    older value stands in as a lower bound; and the group is final only after a round in which every head was
+    measured on the final group and gave back at least ``KEEP_MIN``: the plain greedy rule's stopping point, at
+    about three forwards per candidate instead of half the candidates squared."""
     group = list(candidates)
     steps: list[dict[str, Any]] = []
     give: dict[Head, float] = {}
+    fresh: set[Head] = set()  # measured on the current group
     loss = prober.loss(group, where)
+
+    def measure(heads: list[Head]) -> None:
+        without = prober.losses([([g for g in group if g != hd], where) for hd in heads])
+        for hd, lo in zip(heads, without):
+            give[hd] = loss - lo
+            fresh.add(hd)
+
+    measure(group)
     while group:
-        without = prober.losses([([g for g in group if g != hd], where) for hd in group])
-        cur = {hd: loss - lo for hd, lo in zip(group, without)}
-        give.update(cur)
-        worst = min(group, key=lambda hd: (cur[hd], hd))
-        steps.append({"group": [list(h) for h in group], "loss": loss, "least_give_back": cur[worst]})
-        if cur[worst] >= KEEP_MIN:
+        worst = min(group, key=lambda hd: (give[hd], hd))
+        if worst not in fresh:
+            measure([worst])
+            continue
+        if give[worst] >= KEEP_MIN:
+            stale = [hd for hd in group if hd not in fresh]
+            if stale:
+                measure(stale)
+                continue
+            steps.append({"group": [list(h) for h in group], "loss": loss, "least_give_back": give[worst]})
             break
+        steps.append({"group": [list(h) for h in group], "loss": loss, "least_give_back": give[worst]})
         group.remove(worst)
         loss = prober.loss(group, where) if group else 0.0
+        fresh.clear()
     return group, loss, give, steps
 
 

@@ -169,3 +169,44 @@ def test_sharpness_metrics_on_known_rows():
     assert float(sharpness_index(one_hot, 4)) == pytest.approx(1.0)
     assert float(sharpness_index(uniform, 4)) == pytest.approx(0.0, abs=1e-6)
     assert 0 < float(sharpness_index(signed, 4)) < 1
+
+
+def test_stacked_ablations_equal_one_forward_each(tiny):
+    """``Prober.losses`` stacks ablations along the batch and restarts them at their earliest layer; each loss
+    equals a plain forward with that ablation alone (``Prober.run``), and a last-layer head ablated at the
+    segments costs exactly nothing (its output there never reaches the query's logits)."""
+    from gather_aggregate.detect_causal import Prober
+
+    model, ex, g, a = _circuit(tiny, heads_per_layer=4, depth=3, n_agg=2)
+    prober = Prober(model, ex, batch_size=5)
+    last = model.n_layers - 1
+    sets = [([hd], w) for hd in model.all_heads() for w in ("segments", "query")] + [(sorted(g | a), "all")]
+    fast = prober.losses(sets)
+    for (heads, where), got in zip(sets, fast):
+        m, _ = prober.run({where: heads})
+        assert got == pytest.approx((prober.clean - m) / prober.margin, abs=1e-5), (heads, where)
+        if where == "segments" and heads[0][0] == last:
+            assert got == 0.0
+    assert prober.n_passes < prober.n_forwards
+
+
+@pytest.mark.parametrize("name", ["llama-kvmc", "bamba-ga"])
+def test_restarted_ablations_equal_full_forwards_on_zoo_models(name):
+    """On a bridged transformer and a hybrid the prober keeps the clean run's layer inputs and restarts each
+    ablation at its earliest layer; the losses equal full forwards from the tokens."""
+    from gather_aggregate.claims import task_sets
+    from gather_aggregate.detect_causal import Prober
+    from gather_aggregate.loading import load_model
+    from gather_aggregate.zoo import list_zoo
+
+    path = list_zoo().get(name)
+    if path is None:
+        pytest.skip("the toy zoo is not shipped")
+    model = load_model(path)
+    prober = Prober(model, task_sets(model, path, 6, 0)["kv"])
+    assert sorted(prober.resid[0]) == list(range(1, model.n_layers))
+    sets = [([hd], w) for hd in model.all_heads()[-3:] for w in ("segments", "query")]
+    sets.append((model.all_heads()[:2] + model.all_heads()[-1:], "all"))
+    for (heads, where), got in zip(sets, prober.losses(sets)):
+        m, _ = prober.run({where: heads})
+        assert got == pytest.approx((prober.clean - m) / prober.margin, abs=1e-5), (heads, where)
