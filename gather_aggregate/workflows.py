@@ -46,6 +46,9 @@ def precheck(args: argparse.Namespace) -> None:
 
     if hasattr(args, "task"):
         args.user_task = resolve_user_task(args.task, getattr(args, "task_file", None))
+        if args.user_task is not None and getattr(args, "dict_size", None):
+            raise InputError("--dict-size sets the built-in kv/mqar tasks' size; a task file or factory fixes its "
+                             "own prompts, so drop --dict-size")
         args.task = args.user_task.name if args.user_task is not None else (args.task or "kv")
 
     resolve_source(resolve_model_path(args.model))

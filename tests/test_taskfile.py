@@ -154,6 +154,8 @@ def test_cli_errors_before_the_model_loads(tiny_llama_dir, tmp_path, monkeypatch
     assert "module 'nomod_x' not found" in capsys.readouterr().err
     assert main(["eval", "--model", str(tiny_llama_dir), "--task", "kv", "--task-file", str(p)]) == 2
     assert "pass one of them" in capsys.readouterr().err
+    assert main(["eval", "--model", str(tiny_llama_dir), "--task-file", str(EXAMPLE), "--dict-size", "4"]) == 2
+    assert "drop --dict-size" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "--model", str(tiny_llama_dir), "--task", "nocolon"])
     assert "MODULE:CALLABLE" in capsys.readouterr().err
