@@ -120,9 +120,25 @@ def _model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps")
 
 
+def task_arg(text: str) -> str:
+    """``--task``: a registry name (underscores work too) or ``MODULE:CALLABLE`` (a factory returning a Task)."""
+    if ":" in text:
+        return text
+    key = text.strip().lower().replace("_", "-")
+    if key not in TASKS:
+        raise argparse.ArgumentTypeError(f"unknown task {text!r}; choose one of {', '.join(TASKS)}, or pass "
+                                         "MODULE:CALLABLE (e.g. mypkg.tasks:make_task) or --task-file FILE.jsonl")
+    return key
+
+
 def _task(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", default="kv", choices=TASKS, help="the task whose prompts are used")
-    p.add_argument("--n", type=_int_type("--n", 1), default=64, help="number of task prompts")
+    p.add_argument("--task", type=task_arg, default=None,
+                   help=f"the task whose prompts are used: {', '.join(TASKS)} (default kv), or MODULE:CALLABLE, "
+                        "a Python factory returning a Task")
+    p.add_argument("--task-file", default=None, metavar="FILE.jsonl",
+                   help="a task of your own: one prompt per line with character-span segments (docs/tasks.md)")
+    p.add_argument("--n", type=_int_type("--n", 1), default=64,
+                   help="number of task prompts (with --task-file: the file's first N lines)")
     p.add_argument("--dict-size", type=_int_type("--dict-size", 1), default=None,
                    help="KV / MQAR dictionary size (default: the task's, or the zoo model's trained size)")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the task's prompts")

@@ -25,6 +25,9 @@ def task_examples(args: argparse.Namespace, model: HookedModel, task: str | None
     """The examples of ``--task`` for ``model`` (zoo vocabulary and facts when the model ships them)."""
     from gather_aggregate.tasks.registry import get_task
 
+    user = getattr(args, "user_task", None)
+    if user is not None and task is None:  # --task-file / --task module:callable, resolved by precheck
+        return user.examples(model.tokenizer, n=args.n, seed=args.seed)
     path = Path(resolve_model_path(args.model))
     kwargs: dict[str, Any] = {}
     name = task or args.task
@@ -35,8 +38,18 @@ def task_examples(args: argparse.Namespace, model: HookedModel, task: str | None
 
 
 def precheck(args: argparse.Namespace) -> None:
-    """What can be checked before anything is created or loaded: the model's name or path and the device."""
+    """What can be checked before anything is created or loaded: the model's name or path, the device, and a
+    user task (``--task-file`` read and checked, ``--task module:callable`` imported); ``args.task`` becomes the
+    task's name."""
     from gather_aggregate.loading import parse_device, resolve_source
+    from gather_aggregate.tasks.taskfile import resolve_user_task
+
+    if hasattr(args, "task"):
+        args.user_task = resolve_user_task(args.task, getattr(args, "task_file", None))
+        if args.user_task is not None and getattr(args, "dict_size", None):
+            raise InputError("--dict-size sets the built-in kv/mqar tasks' size; a task file or factory fixes its "
+                             "own prompts, so drop --dict-size")
+        args.task = args.user_task.name if args.user_task is not None else (args.task or "kv")
 
     resolve_source(resolve_model_path(args.model))
     parse_device(getattr(args, "device", None))
@@ -195,6 +208,9 @@ def run_pattern(args: argparse.Namespace) -> int:
     info = model.check_layer(args.layer)
     heads = model.check_heads(info.index, args.heads) if args.heads else list(range(info.n_heads))
     examples = task_examples(args, model)
+    if args.prompt >= len(examples):
+        raise InputError(f"--prompt {args.prompt} but the task has {len(examples)} prompts; pass --prompt 0.."
+                         f"{len(examples) - 1}")
     ex = examples[args.prompt]
     tokens = torch.tensor([ex.input_ids], device=model.device)
     pat = model.pattern(tokens, info.index, heads=heads)[0].float().cpu()  # [head, query, key]

@@ -93,7 +93,7 @@ def _cli(*argv, env_extra=None):
     (["eval", "--model", "llama-kvm"], "did you mean the zoo model 'llama-kvmc'"),
     (["eval", "--model", "TINY", "--device", "banana"], "unknown device 'banana'"),
     (["eval", "--model", "TINY", "--device", "cuda"], "no CUDA"),
-    (["eval", "--model", "TINY", "--task", "nonsense"], "invalid choice: 'nonsense'"),
+    (["eval", "--model", "TINY", "--task", "nonsense"], "unknown task 'nonsense'; choose one of kv"),
     (["eval", "--model", "TINY", "--out", "/proc/forbidden"], "writable"),
     (["ablate", "--model", "TINY", "--heads", "9.9"], "out of range"),
 ])
@@ -108,7 +108,7 @@ def test_errors_are_one_line_with_the_fix(argv, needle, tiny_llama_dir):
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("gather-aggregate")]
     assert len(lines) == 1 and needle in lines[0], out.stderr
     assert "Traceback" not in out.stderr
-    if "invalid choice" not in needle:  # option values are refused by the parser, before anything runs
+    if "unknown task" not in needle:  # option values are refused by the parser, before anything runs
         debug = _cli(*argv, "--debug")
         assert "Traceback" in debug.stderr
 

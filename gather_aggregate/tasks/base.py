@@ -22,7 +22,9 @@ Conventions (all positions are token positions in ``input_ids``):
   ``ProtocolMixin.to_tokens`` does);
 * ``Segment(start, end, summary, label, text)``: ``start`` inclusive, ``end``
   exclusive, ``summary == end - 1`` (the segment's last token, normally its
-  ``\\n``); a token that straddles a segment boundary belongs to both sides;
+  ``\\n``) unless the spec names the summary's character
+  (``PromptSpec.summaries``); a token that straddles a segment boundary belongs
+  to both sides;
 * ``query_pos = len(input_ids) - 1``: the logits read at this position score
   the candidates;
 * ``candidates[i]`` is an answer text without the leading space; the model is
@@ -108,6 +110,8 @@ class PromptSpec:
     task parameter that sets the prompt length and the characters its
     ``value`` units fill (e.g. ``("n_pairs", 30, ...)`` over the dictionary
     lines), so a too-long prompt can say which size to lower, and to what.
+    ``summaries[j]`` (optional) is a character index inside segment ``j``: the
+    token holding it is the segment's summary (default: the segment's last token).
     """
 
     prompt: str
@@ -118,6 +122,7 @@ class PromptSpec:
     meta: dict[str, Any] = field(default_factory=dict)
     required: list[tuple[int, int, str]] = field(default_factory=list)
     size_knob: tuple[str, int, int, int] | None = None
+    summaries: list[int | None] | None = None  # per segment: the character whose token is its summary (None: last)
 
 
 # --------------------------------------------------------------------------
@@ -166,13 +171,41 @@ class IndexedTask:
 # tokenisation: character spans -> token spans
 # --------------------------------------------------------------------------
 def _encode(tokenizer: Any, text: str, *, offsets: bool) -> dict[str, Any]:
+    """``tokenizer(text)`` with ``offset_mapping``; a tokenizer without offsets gets them by incremental decoding."""
     try:
         return tokenizer(text, add_special_tokens=True, return_offsets_mapping=offsets)
     except NotImplementedError:
-        raise TaskError(
-            "this tokenizer cannot return character offsets (a slow Python tokenizer); "
-            "load the fast tokenizer (use_fast=True / PreTrainedTokenizerFast) so spans can be computed"
-        ) from None
+        if not offsets:
+            raise
+    enc = dict(tokenizer(text, add_special_tokens=True))
+    enc["offset_mapping"] = offsets_by_decoding(tokenizer, list(enc["input_ids"]), text)
+    return enc
+
+
+def offsets_by_decoding(tokenizer: Any, ids: Sequence[int], text: str) -> list[tuple[int, int]]:
+    """Character offsets of ``ids`` in ``text`` for a tokenizer without an offset mapping (slow tokenizers).
+
+    Token ``i`` covers ``[len(decode(ids[:i])), len(decode(ids[:i+1])))`` (special tokens cover nothing),
+    which holds when every decoded prefix is a prefix of ``text`` (checked; otherwise a :class:`TaskError`).
+    Quadratic in the prompt length: the reference path, used only when offsets are not offered.
+    """
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    out: list[tuple[int, int]] = []
+    kept: list[int] = []
+    end = 0
+    for i in ids:
+        if i in special:
+            out.append((end, end))
+            continue
+        kept.append(i)
+        prefix = tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if not text.startswith(prefix):
+            raise TaskError(
+                "this tokenizer returns no character offsets and its decoding does not reproduce the prompt "
+                f"(decoded {prefix[-30:]!r}); load its fast tokenizer (use_fast=True) so spans can be mapped")
+        out.append((end, len(prefix)))
+        end = len(prefix)
+    return out
 
 
 def char_span_to_tokens(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
@@ -232,14 +265,25 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
             raise TaskError(f"the {what}s {seen[key]!r} and {text!r} tokenise to the same ids {list(key[1])}; "
                             "the tokenizer cannot tell them apart, so use words it knows")
     segments = []
-    for cs, ce, label in spec.segments:
+    summaries = spec.summaries or [None] * len(spec.segments)
+    for (cs, ce, label), sc in zip(spec.segments, summaries, strict=True):
         a, b = char_span_to_tokens(offsets, cs, ce)
         if b <= a:
             raise TaskError(
                 f"segment {label!r} ({spec.prompt[cs:ce]!r}) tokenises to nothing with this tokenizer; "
                 "use segment text the tokenizer can encode"
             )
-        segments.append(Segment(start=a, end=b, summary=b - 1, label=label, text=spec.prompt[cs:ce]))
+        summary = b - 1
+        if sc is not None:
+            if not cs <= sc < ce:
+                raise TaskError(f"segment {label!r}: summary character {sc} is outside its span [{cs}, {ce}); "
+                                "name a character inside the segment")
+            sa, sb = char_span_to_tokens(offsets, sc, sc + 1)
+            if sb <= sa:
+                raise TaskError(f"segment {label!r}: no token covers its summary character {sc} "
+                                f"({spec.prompt[sc]!r}); name a character the tokenizer keeps")
+            summary = sa
+        segments.append(Segment(start=a, end=b, summary=summary, label=label, text=spec.prompt[cs:ce]))
     cand_ids = [continuation_ids(tokenizer, spec.prompt, ids, " " + c) for c in spec.candidates]
     for c, ci in zip(spec.candidates, cand_ids, strict=True):
         if not ci:
