@@ -162,8 +162,8 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
     from gather_aggregate.adapters.llamba import is_llamba_dir, load_llamba
 
     if is_llamba_dir(path_or_hf_model):
-        return load_llamba(path_or_hf_model, device=device, dtype=dtype,
-                           **({} if head_size is None else {"head_size": head_size}))
+        return load_llamba(path_or_hf_model, device=device, dtype=dtype, device_map=device_map,
+                           max_memory=max_memory, **({} if head_size is None else {"head_size": head_size}))
 
     if hybrid_model_type(path_or_hf_model, config) is not None:  # attention + SSM layers: HookedHybrid
         extra = {} if head_size is None else {"head_size": head_size}

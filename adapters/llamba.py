@@ -48,6 +48,7 @@ from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.discrete_mamba2 import DiscreteMamba2Mixer
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
+from gather_aggregate.adapters.streaming import resolve_dtype
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
 from gather_aggregate.protocol import LayerInfo
 
@@ -213,9 +214,12 @@ def convert_state_dict(state_dict: dict[str, Tensor], model: HookedLlamba) -> di
     return out
 
 
-def load_llamba(path: Any, *, device: Any = None, dtype: torch.dtype | None = None,
-                **kwargs: Any) -> HookedLlamba:
-    """Load a Llamba checkpoint directory (reference / hub layout, see the module docstring)."""
+def load_llamba(path: Any, *, device: Any = None, dtype: Any = None, device_map: Any = None,
+                max_memory: Any = None, **kwargs: Any) -> HookedLlamba:
+    """Load a Llamba checkpoint directory (reference / hub layout, see the module docstring).
+
+    ``dtype=None``/``"auto"`` follows HF's rule (the config's dtype, else the stored weights'); ``device_map``
+    places blocks with accelerate's conventions (:mod:`.placement`)."""
     if kwargs:
         raise InputError(f"options {sorted(kwargs)} do not apply to Llamba (its heads are the checkpoint's own "
                          "n_v_heads); drop them")
@@ -233,7 +237,8 @@ def load_llamba(path: Any, *, device: Any = None, dtype: torch.dtype | None = No
     cfg = llamba_config(raw, None if emb is None else int(emb.shape[0]))
     with torch.device("meta"):
         model = HookedLlamba(cfg)
-    return fill_model(model, convert_state_dict(sd, model), device=device, dtype=dtype)
+    return fill_model(model, convert_state_dict(sd, model), device=device, dtype=resolve_dtype(dtype, raw, sd),
+                      device_map=device_map, max_memory=max_memory)
 
 
 __all__ = ["HookedLlamba", "LlambaBlock", "load_llamba", "llamba_config", "is_llamba_config", "is_llamba_dir",

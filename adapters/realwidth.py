@@ -8,10 +8,15 @@ layer count is cut (``n_layers``, default 2) and, optionally, the vocabulary.
 * HF families: sharded ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
   (Jamba's MoE experts in their per-expert on-disk names), in the shipped dtype;
 * ``mamba2-2.7b``: the original mamba-ssm layout (``config.json`` with ``d_model``/``n_layer``/
-  ``ssm_cfg`` and one fp32 ``pytorch_model.bin``).
+  ``ssm_cfg`` and one fp32 ``pytorch_model.bin``);
+* ``llamba-8b``: Cartesia's layout (``config.json`` with ``d_model``/``n_layer``/``ssm_cfg``/``mlp_cfg``,
+  ``backbone.*`` tensor names), sharded bf16 safetensors; its oracle is
+  :func:`~gather_aggregate.adapters.llamba_testing.llamba_reference_logits` (HF has no Llamba).
 
-Tensor names and shapes come from the HF class built on the meta device, so the
-writer never holds more than one shard in memory. Values are random with the
+Tensor names and shapes come from the HF class built on the meta device, renamed to the
+on-disk names the way ``save_pretrained`` does (HF's ``revert_weight_conversion``: per-expert
+tensors, Nemotron-H's ``backbone.`` prefix, Granite's ``input_linear``), so the writer never holds
+more than one shard in memory. Values are random with the
 scales a trained model has (norms near 1, ``A_log``/``D``/``dt_bias`` in their
 usual ranges), so logits are informative and exactness checks are meaningful.
 Used by ``tests/test_realwidth.py``, ``benchmarks/bench_load.py`` and ``benchmarks/bench_gpu.py``.
@@ -60,21 +65,64 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         num_key_value_heads=8, mamba_n_heads=128, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1,
         mamba_expand=2, mamba_d_conv=4, mamba_chunk_size=256, vocab_size=128256, rms_norm_eps=1e-5,
         tie_word_embeddings=False, dtype="bfloat16", _shards=4, _attn_layers=(1,)),
+    "llamba-8b": dict(  # cartesia-ai/Llamba-8B (LlambaConfig's defaults are its widths); Cartesia's format
+        model_type="llamba", hidden_size=4096, intermediate_size=14336, d_state=64, n_v_heads=32, n_qk_heads=32,
+        expand=1, d_conv=4, chunk_size=128, vocab_size=128256, tie_word_embeddings=False, dtype="bfloat16",
+        _shards=4, _format="cartesia"),
+    "nemotron-h-8b": dict(  # nvidia/Nemotron-H-8B-Base-8K: Mamba-2 (M), attention (*) and relu² MLP (-) blocks
+        model_type="nemotron_h", hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        intermediate_size=21504, mlp_hidden_act="relu2", mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128,
+        n_groups=8, conv_kernel=4, expand=2, chunk_size=128, vocab_size=131072, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False, dtype="bfloat16", _shards=4,
+        _layers=("linear_attention", "full_attention", "mlp")),
+    "granite-4.0-h-tiny": dict(  # ibm-granite/granite-4.0-h-tiny: Mamba-2 + NoPE attention, 64 experts top-6
+        model_type="granitemoehybrid", hidden_size=1536, num_attention_heads=12, num_key_value_heads=4,
+        intermediate_size=512, shared_intermediate_size=1024, num_local_experts=64, num_experts_per_tok=6,
+        mamba_n_heads=48, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_expand=2, mamba_d_conv=4,
+        mamba_chunk_size=256, position_embedding_type="nope", embedding_multiplier=12.0, logits_scaling=6.0,
+        residual_multiplier=0.22, attention_multiplier=0.0078125, rms_norm_eps=1e-5, vocab_size=100352,
+        tie_word_embeddings=True, dtype="bfloat16", _shards=3, _layers=("mamba", "attention"),
+        _experts="num_local_experts"),
+    "qwen3-next-80b-a3b": dict(  # Qwen/Qwen3-Next-80B-A3B: gated DeltaNet + gated attention, 512 experts top-10
+        model_type="qwen3_next", hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, intermediate_size=5120, rms_norm_eps=1e-6, vocab_size=151936,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False, dtype="bfloat16", _shards=4, _layers=("linear_attention", "full_attention"),
+        _experts="num_experts", _mtp=True),
 }
 # Departures from the shipped files, forced by 1-2 layers: Jamba's attention period/offset are 8/4 and
 # Bamba's attention layers 9/18/27 (here layer 0 resp. 1 is attention so both kinds appear); Jamba keeps
-# ``n_experts`` experts (default 4 of 16) so a 2-layer model stays under the memory budget here.
+# ``n_experts`` experts (default 4 of 16) so a 2-layer model stays under the memory budget here. Nemotron-H's
+# blocks hold one mixer each (Mamba-2, attention or MLP), so its tier uses 3 blocks (one of each kind) where the
+# others use 2 layers; Qwen3-Next keeps ``n_experts`` of its 512 experts (top-k clipped to it) and ships
+# ``mtp.*`` (multi-token prediction) tensors that loaders drop, written here too. Llamba-8B's config.json carries
+# no dtype: its shards' bf16 decides (HF's rule).
 
 
 def hf_config(name: str, *, n_layers: int = 2, vocab: int | None = None, n_experts: int | None = 4) -> Any:
     """The HF config of ``name`` at published widths with ``n_layers`` layers (and an optional vocab cut)."""
     from transformers import AutoConfig
 
-    spec = {k: v for k, v in PUBLISHED[name].items() if not k.startswith("_")}
+    published = PUBLISHED[name]
+    if published.get("_format") == "cartesia":
+        raise ValueError(f"{name} has no HF config (Cartesia's format): use llamba_raw(name)")
+    spec = {k: v for k, v in published.items() if not k.startswith("_")}
     model_type = spec.pop("model_type")
     spec["num_hidden_layers"] = n_layers
     if vocab is not None:
         spec["vocab_size"] = vocab
+    if model_type in ("granitemoehybrid", "qwen3_next"):
+        kinds = published["_layers"]
+        spec["layer_types"] = [kinds[i % len(kinds)] for i in range(n_layers)]
+    if model_type == "nemotron_h":
+        kinds = published["_layers"]
+        spec["layers_block_type"] = [kinds[i % len(kinds)] for i in range(n_layers)]
+        del spec["num_hidden_layers"]
+    if "_experts" in published and n_experts is not None:
+        spec[published["_experts"]] = n_experts
+        spec["num_experts_per_tok"] = min(spec["num_experts_per_tok"], n_experts)
     if model_type == "zamba2":
         kinds = PUBLISHED[name]["_layers"]
         spec["layers_block_type"] = [kinds[i % len(kinds)] for i in range(n_layers)]
@@ -86,6 +134,39 @@ def hf_config(name: str, *, n_layers: int = 2, vocab: int | None = None, n_exper
     if model_type == "mamba2":
         spec["num_heads"] = spec["expand"] * spec["hidden_size"] // spec["head_dim"]
     return AutoConfig.for_model(model_type, **spec)
+
+
+def llamba_raw(name: str = "llamba-8b", *, n_layers: int = 2, vocab: int | None = None) -> dict[str, Any]:
+    """Cartesia's ``config.json`` dict of ``name`` at published widths with ``n_layers`` layers."""
+    p = PUBLISHED[name]
+    return {"d_model": p["hidden_size"], "n_layer": n_layers, "vocab_size": vocab or p["vocab_size"],
+            "tie_embeddings": p["tie_word_embeddings"], "pad_vocab_size_multiple": 8, "lm_head_bias": False,
+            "norm_epsilon": 1e-5, "resid_dropout": 0.0,
+            "mlp_cfg": {"intermediate_size": p["intermediate_size"], "bias": False, "act_fn": "silu"},
+            "ssm_cfg": {"d_state": p["d_state"], "n_v_heads": p["n_v_heads"], "n_qk_heads": p["n_qk_heads"],
+                        "expand": p["expand"], "d_conv": p["d_conv"], "chunk_size": p["chunk_size"],
+                        "activation": "identity", "bias": False}}
+
+
+def _llamba_shapes(raw: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape of a Cartesia Llamba checkpoint (``conv_bias`` on, ``bias`` off: the defaults)."""
+    ssm, d = raw["ssm_cfg"], int(raw["d_model"])
+    di, H, G, N = int(ssm["expand"]) * d, int(ssm["n_v_heads"]), int(ssm["n_qk_heads"]), int(ssm["d_state"])
+    m = int(raw["pad_vocab_size_multiple"])
+    vocab = -(-int(raw["vocab_size"]) // m) * m
+    dm, conv = int(raw["mlp_cfg"]["intermediate_size"]), di + 2 * G * N
+    out: dict[str, tuple[int, ...]] = {"backbone.embedding.weight": (vocab, d)}
+    for i in range(int(raw["n_layer"])):
+        p = f"backbone.layers.{i}."
+        out.update({p + "input_layernorm.weight": (d,), p + "mixer.in_proj.weight": (2 * di + 2 * G * N + H, d),
+                    p + "mixer.conv1d.weight": (conv, 1, int(ssm["d_conv"])), p + "mixer.conv1d.bias": (conv,),
+                    p + "mixer.z_bias": (di,), p + "mixer.D": (H,), p + "mixer.out_proj.weight": (d, di),
+                    p + "post_attention_layernorm.weight": (d,), p + "mlp.gate_proj.weight": (dm, d),
+                    p + "mlp.up_proj.weight": (dm, d), p + "mlp.down_proj.weight": (d, dm)})
+    out["backbone.final_layernorm.weight"] = (d,)
+    if not raw["tie_embeddings"]:
+        out["lm_head.weight"] = (vocab, d)
+    return out
 
 
 def _values(key: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
@@ -110,63 +191,23 @@ def _values(key: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Ten
 
 
 def _meta_state(config: Any) -> dict[str, tuple[int, ...]]:
-    """Checkpoint key -> shape, as save_pretrained writes it (tied copies once, Jamba experts per expert)."""
+    """Checkpoint key -> shape, as ``save_pretrained`` writes it: tied copies once, HF's load-time renames and
+    fusions reverted (per-expert tensors, Nemotron-H's ``backbone.`` prefix, Granite's ``input_linear``)."""
     from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    seen: set[int] = set()
-    out: dict[str, tuple[int, ...]] = {}
-    for key, t in model.state_dict(keep_vars=True).items():
-        if id(t) in seen or (key == "lm_head.weight" and config.tie_word_embeddings):
-            continue
-        seen.add(id(t))
-        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", key)
-        if m and config.model_type == "jamba":
-            n = t.shape[0]
-            if m.group(2) == "gate_up_proj":
-                half = t.shape[1] // 2
-                for e in range(n):
-                    out[f"{m.group(1)}.{e}.gate_proj.weight"] = (half, t.shape[2])
-                    out[f"{m.group(1)}.{e}.up_proj.weight"] = (half, t.shape[2])
-            else:
-                for e in range(n):
-                    out[f"{m.group(1)}.{e}.down_proj.weight"] = tuple(t.shape[1:])
-            continue
-        out[key] = tuple(t.shape)
-    return out
+    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    return {k: tuple(v.shape) for k, v in revert_weight_conversion(model, state).items()}
 
 
-def write_checkpoint(name: str, directory: str | Path, *, n_layers: int = 2, vocab: int | None = None,
-                     n_experts: int | None = 4, dtype: str | None = None, shards: int | None = None,
-                     seed: int = 0) -> Path:
-    """Write a random ``name`` checkpoint at published widths; returns the directory."""
+def _write_shards(d: Path, shapes: dict[str, tuple[int, ...]], n_shards: int, torch_dtype: torch.dtype,
+                  gen: torch.Generator) -> None:
+    """Random tensors for ``shapes`` in ``n_shards`` safetensors files (+ index), one shard in memory at a time."""
     from safetensors.torch import save_file
 
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    spec = PUBLISHED[name]
-    config = hf_config(name, n_layers=n_layers, vocab=vocab, n_experts=n_experts)
-    torch_dtype = getattr(torch, dtype or spec["dtype"])
-    shapes = _meta_state(config)
-    gen = torch.Generator().manual_seed(seed)
-    if spec.get("_format") == "mamba_ssm":
-        sd = {k.replace("backbone.embeddings.", "backbone.embedding."): _values(k, s, gen).to(torch_dtype)
-              for k, s in shapes.items()}
-        sd["lm_head.weight"] = sd["backbone.embedding.weight"]  # mamba-ssm saves the tied copy
-        torch.save(sd, d / "pytorch_model.bin")
-        raw = {"d_model": config.hidden_size, "d_intermediate": 0, "n_layer": n_layers,
-               "vocab_size": config.vocab_size, "ssm_cfg": {"layer": "Mamba2"}, "attn_layer_idx": [], "attn_cfg": {},
-               "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True, "pad_vocab_size_multiple": 16,
-               "tie_embeddings": True}
-        (d / "config.json").write_text(json.dumps(raw, indent=2))
-        return d
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
-    config.dtype = torch_dtype
-    config.save_pretrained(d)
-    n_shards = shards if shards is not None else spec.get("_shards", 1)
     total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
     budget = max(1, math.ceil(total / n_shards))
     groups: list[list[str]] = [[]]
@@ -187,6 +228,44 @@ def write_checkpoint(name: str, directory: str | Path, *, n_layers: int = 2, voc
     if len(groups) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def write_checkpoint(name: str, directory: str | Path, *, n_layers: int = 2, vocab: int | None = None,
+                     n_experts: int | None = 4, dtype: str | None = None, shards: int | None = None,
+                     seed: int = 0) -> Path:
+    """Write a random ``name`` checkpoint at published widths; returns the directory."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    spec = PUBLISHED[name]
+    torch_dtype = getattr(torch, dtype or spec["dtype"])
+    gen = torch.Generator().manual_seed(seed)
+    if spec.get("_format") == "cartesia":
+        raw = llamba_raw(name, n_layers=n_layers, vocab=vocab)
+        (d / "config.json").write_text(json.dumps(raw, indent=2))
+        _write_shards(d, _llamba_shapes(raw), shards if shards is not None else spec["_shards"], torch_dtype, gen)
+        return d
+    config = hf_config(name, n_layers=n_layers, vocab=vocab, n_experts=n_experts)
+    shapes = _meta_state(config)
+    if spec.get("_format") == "mamba_ssm":
+        sd = {k.replace("backbone.embeddings.", "backbone.embedding."): _values(k, s, gen).to(torch_dtype)
+              for k, s in shapes.items()}
+        sd["lm_head.weight"] = sd["backbone.embedding.weight"]  # mamba-ssm saves the tied copy
+        torch.save(sd, d / "pytorch_model.bin")
+        raw = {"d_model": config.hidden_size, "d_intermediate": 0, "n_layer": n_layers,
+               "vocab_size": config.vocab_size, "ssm_cfg": {"layer": "Mamba2"}, "attn_layer_idx": [], "attn_cfg": {},
+               "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True, "pad_vocab_size_multiple": 16,
+               "tie_embeddings": True}
+        (d / "config.json").write_text(json.dumps(raw, indent=2))
+        return d
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = torch_dtype
+    config.save_pretrained(d)
+    if spec.get("_mtp"):  # Qwen3-Next's multi-token-prediction head: shipped, dropped by HF and by us
+        h = config.hidden_size
+        shapes.update({"mtp.fc.weight": (h, 2 * h), "mtp.norm.weight": (h,), "mtp.pre_fc_norm_hidden.weight": (h,)})
+    _write_shards(d, shapes, shards if shards is not None else spec.get("_shards", 1), torch_dtype, gen)
     return d
 
 
@@ -208,9 +287,27 @@ def hf_reference(name: str, directory: str | Path, *, dtype: torch.dtype = torch
     return hf.eval()
 
 
+def reference_logits(name: str, directory: str | Path, tokens: torch.Tensor, *, n_layers: int = 2,
+                     vocab: int | None = None, n_experts: int | None = 4) -> torch.Tensor:
+    """fp32 logits of the oracle of a :func:`write_checkpoint` directory: HF's own model, or for Llamba
+    (no HF class; Cartesia's code needs CUDA) the sequential oracle of its reference forward."""
+    if PUBLISHED[name].get("_format") == "cartesia":
+        from gather_aggregate.adapters.llamba_testing import llamba_reference_logits
+        from gather_aggregate.adapters.streaming import Checkpoint
+
+        raw = json.loads((Path(directory) / "config.json").read_text())
+        sd = {k: v.load(torch.float32) for k, v in Checkpoint(directory).items()}
+        with torch.no_grad():
+            return llamba_reference_logits(raw, sd, tokens)
+    hf = hf_reference(name, directory, n_layers=n_layers, vocab=vocab, n_experts=n_experts)
+    with torch.no_grad():
+        return hf(tokens).logits.float()
+
+
 def param_bytes(model: torch.nn.Module) -> int:
     """Bytes of a model's parameters (shared parameters once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-__all__ = ["PUBLISHED", "hf_config", "write_checkpoint", "hf_reference", "param_bytes"]
+__all__ = ["PUBLISHED", "hf_config", "llamba_raw", "write_checkpoint", "hf_reference", "reference_logits",
+           "param_bytes"]

@@ -134,6 +134,7 @@ def main() -> None:
         for name in args.families:
             d = write_checkpoint(name, Path(tmp) / name, n_layers=args.layers, **CUTS.get(name, {}))
             hf_dir = _hf_copy(d, Path(tmp) / (name + "-hf"), name, args.layers) if name == "mamba2-2.7b" else d
+            load = os.getloadavg()[0]
             ours, hf = _run("ours", d), _run("hf", hf_dir)
             import torch
 
@@ -143,19 +144,21 @@ def main() -> None:
             diff = (torch.load(Path(tmp) / "ours.pt") - ref).abs().max().item()
             ours["max_logit"] = ref.abs().max().item()
             files = sorted(f.name for f in d.iterdir() if f.suffix in (".safetensors", ".bin"))
+            ours["load"] = (load + os.getloadavg()[0]) / 2
             rows.append((name + "".join(f", {k} {v}" for k, v in CUTS.get(name, {}).items()), ours, hf, diff, files))
             print(f"{name}: ours {ours} hf {hf} max|dlogit| {diff:.1e}", flush=True)
             for f in Path(tmp).glob(name + "*"):
                 subprocess.run(["rm", "-rf", str(f)], check=True)
     print("\n| model (2 layers, published widths) | files | dtype kept | params | ours peak / params | HF peak / "
-          "params | ours / HF RSS after a forward | ours load | HF load | ours/HF time | max \\|Δlogit\\| fp32 (max \\|logit\\|) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "params | ours / HF RSS after a forward | ours load | HF load | ours/HF time | max \\|Δlogit\\| fp32 (max \\|logit\\|) | "
+          "load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, ours, hf, diff, files in rows:
         print(f"| {name} | {len(files)} × {files[0].split('.')[-1]} | {ours['dtype'].replace('torch.', '')} | "
               f"{ours['param_bytes'] / 2**30:.2f} GiB | **{ours['peak'] / ours['param_bytes']:.2f}** | "
               f"{hf['peak'] / hf['param_bytes']:.2f} | {ours['after_forward'] / ours['param_bytes']:.2f} / "
               f"{hf['after_forward'] / hf['param_bytes']:.2f} | {ours['secs']:.2f} s | {hf['secs']:.2f} s | "
-              f"{ours['secs'] / hf['secs']:.2f} | {diff:.1e} ({ours['max_logit']:.2g}) |")
+              f"{ours['secs'] / hf['secs']:.2f} | {diff:.1e} ({ours['max_logit']:.2g}) | {ours['load']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -235,8 +235,8 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if _is_llamba_checkpoint(name_or_path):  # Cartesia's layout: transformers has no "llamba" config class
         from gather_aggregate.adapters.llamba import load_llamba
 
-        model = _weights(lambda: load_llamba(str(name_or_path), device=device, dtype=parse_dtype(dtype), **kwargs),
-                         name_or_path)
+        model = _weights(lambda: load_llamba(str(name_or_path), device=device, dtype=parse_dtype(dtype),
+                                             device_map=device_map, **kwargs), name_or_path)
         model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
         return model
     if _is_mamba_ssm_checkpoint(name_or_path):  # original mamba-ssm layout: config.json has no model_type
