@@ -12,7 +12,11 @@ single-threaded child process:
 
 Llama goes through ``TransformerBridge`` (HF loads it, so "ours" is HF's load plus the bridge).
 ``mamba2-2.7b`` is written in mamba-ssm's own format (fp32 ``pytorch_model.bin``); HF's side loads an
-HF-format copy of the same weights.
+HF-format copy of the same weights. ``llamba-8b`` is in Cartesia's format: HF has no Llamba class (and
+Cartesia's code needs CUDA), so it has no HF load and its logits are compared with the sequential oracle of
+Cartesia's forward (``llamba_testing.llamba_reference_logits``), run in its own child.
+``peak incl. forward`` is the peak growth through the load and one 4-token forward (HF reads its
+memory-mapped weights there).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_load.py            # all families, ~10 min here
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_load.py --families falcon-mamba-7b --layers 2
@@ -29,9 +33,21 @@ import tempfile
 import time
 from pathlib import Path
 
-FAMILIES = ("falcon-mamba-7b", "mamba2-2.7b", "zamba2-7b", "jamba-v0.1", "bamba-9b", "llama-3.1-8b")
-#: cuts that keep every fp32 child under ~4 GiB on this 24 GiB machine shared by several workers
-CUTS = {"llama-3.1-8b": {"vocab": 32000}, "bamba-9b": {"vocab": 32000}, "jamba-v0.1": {"vocab": 16384, "n_experts": 3}}
+FAMILIES = ("falcon-mamba-7b", "mamba2-2.7b", "zamba2-7b", "jamba-v0.1", "bamba-9b", "llama-3.1-8b", "llamba-8b",
+            "nemotron-h-8b", "granite-4.0-h-tiny", "qwen3-next-80b-a3b")
+#: cuts that keep every fp32 child under ~4 GiB on this 24 GiB machine shared by several workers (Nemotron-H's
+#: blocks hold one mixer each: 3 blocks, one Mamba-2, one attention, one MLP)
+CUTS: dict[str, dict] = {
+    "llama-3.1-8b": {"vocab": 32000}, "bamba-9b": {"vocab": 32000}, "jamba-v0.1": {"vocab": 16384, "n_experts": 3},
+    "llamba-8b": {"vocab": 32000}, "nemotron-h-8b": {"vocab": 32000, "n_layers": 3},
+    "granite-4.0-h-tiny": {"n_experts": None}, "qwen3-next-80b-a3b": {"vocab": 32000, "n_experts": 64}}
+
+
+def _label(name: str) -> str:
+    cut = CUTS.get(name, {})
+    parts = [f"{v} layers" if k == "n_layers" else f"vocab {v}" if k == "vocab" else
+             "all experts" if v is None else f"{v} experts" for k, v in cut.items()]
+    return ", ".join([name, *parts])
 
 
 def _rss_reset() -> None:
@@ -65,6 +81,14 @@ def child(args: argparse.Namespace) -> None:
 
     d = Path(args.dir)
     dtype = "float32" if args.logits else None
+    if args.child == "oracle":  # Llamba: the sequential oracle of Cartesia's forward (no HF class)
+        from gather_aggregate.adapters.realwidth import reference_logits
+
+        raw = json.loads((d / "config.json").read_text())
+        tokens = torch.randint(0, min(raw["vocab_size"], 32000), (1, 64), generator=torch.Generator().manual_seed(0))
+        torch.save(reference_logits("llamba-8b", d, tokens), args.logits)
+        print(json.dumps({}))
+        return
     _rss_reset()
     base = _status("VmRSS")
     t0 = time.perf_counter()
@@ -79,8 +103,11 @@ def child(args: argparse.Namespace) -> None:
     with torch.no_grad():  # one short forward touches every weight (HF's are memory-mapped until read)
         model(torch.zeros(1, 4, dtype=torch.long))
     out["after_forward"] = _status("VmRSS") - base
+    out["peak_forward"] = _status("VmHWM") - base
     if args.logits:
         vocab = module.config.vocab_size if hasattr(module, "config") else model.cfg.d_vocab
+        if (d / "config.json").is_file():  # the real vocabulary (Llamba's embedding is padded)
+            vocab = json.loads((d / "config.json").read_text()).get("vocab_size", vocab)
         tokens = torch.randint(0, min(vocab, 32000), (1, 64), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             logits = model(tokens) if args.child == "ours" else model(tokens).logits
@@ -104,7 +131,7 @@ def _hf_copy(src: Path, dst: Path, name: str, layers: int) -> Path:
 
     from gather_aggregate.adapters.realwidth import hf_config
 
-    cfg = hf_config(name, n_layers=layers, **CUTS.get(name, {}))
+    cfg = hf_config(name, **{"n_layers": layers, **CUTS.get(name, {})})
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(cfg)
     sd = torch.load(src / "pytorch_model.bin", weights_only=True, mmap=True)
@@ -132,33 +159,39 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in args.families:
-            d = write_checkpoint(name, Path(tmp) / name, n_layers=args.layers, **CUTS.get(name, {}))
-            hf_dir = _hf_copy(d, Path(tmp) / (name + "-hf"), name, args.layers) if name == "mamba2-2.7b" else d
-            load = os.getloadavg()[0]
-            ours, hf = _run("ours", d), _run("hf", hf_dir)
             import torch
 
+            kw = {"n_layers": args.layers, **CUTS.get(name, {})}
+            d = write_checkpoint(name, Path(tmp) / name, **kw)
+            hf_dir = _hf_copy(d, Path(tmp) / (name + "-hf"), name, args.layers) if name == "mamba2-2.7b" else d
+            oracle = name == "llamba-8b"
+            load = os.getloadavg()[0]
+            ours = _run("ours", d)
+            hf = None if oracle else _run("hf", hf_dir)
             _run("ours", d, Path(tmp) / "ours.pt")
-            _run("hf", hf_dir, Path(tmp) / "hf.pt")
+            _run("oracle" if oracle else "hf", hf_dir, Path(tmp) / "hf.pt")
             ref = torch.load(Path(tmp) / "hf.pt")
             diff = (torch.load(Path(tmp) / "ours.pt") - ref).abs().max().item()
             ours["max_logit"] = ref.abs().max().item()
-            files = sorted(f.name for f in d.iterdir() if f.suffix in (".safetensors", ".bin"))
             ours["load"] = (load + os.getloadavg()[0]) / 2
-            rows.append((name + "".join(f", {k} {v}" for k, v in CUTS.get(name, {}).items()), ours, hf, diff, files))
+            files = sorted(f.name for f in d.iterdir() if f.suffix in (".safetensors", ".bin"))
+            rows.append((_label(name), ours, hf, diff, files))
             print(f"{name}: ours {ours} hf {hf} max|dlogit| {diff:.1e}", flush=True)
             for f in Path(tmp).glob(name + "*"):
                 subprocess.run(["rm", "-rf", str(f)], check=True)
-    print("\n| model (2 layers, published widths) | files | dtype kept | params | ours peak / params | HF peak / "
-          "params | ours / HF RSS after a forward | ours load | HF load | ours/HF time | max \\|Δlogit\\| fp32 (max \\|logit\\|) | "
-          "load avg |")
+    print("\n| model (published widths, 2 layers unless noted) | files | dtype kept | params | ours peak / params | "
+          "HF peak / params | ours / HF peak incl. forward | ours load | HF load | ours/HF time | "
+          "max \\|Δlogit\\| fp32 (max \\|logit\\|) | load avg |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, ours, hf, diff, files in rows:
+        pb = ours["param_bytes"]
+        hf_cols = ("– (no HF class)", f"{ours['peak_forward'] / pb:.2f} / –", f"{ours['secs']:.2f} s", "–", "–") \
+            if hf is None else (f"{hf['peak'] / hf['param_bytes']:.2f}",
+                                f"{ours['peak_forward'] / pb:.2f} / {hf['peak_forward'] / hf['param_bytes']:.2f}",
+                                f"{ours['secs']:.2f} s", f"{hf['secs']:.2f} s", f"{ours['secs'] / hf['secs']:.2f}")
         print(f"| {name} | {len(files)} × {files[0].split('.')[-1]} | {ours['dtype'].replace('torch.', '')} | "
-              f"{ours['param_bytes'] / 2**30:.2f} GiB | **{ours['peak'] / ours['param_bytes']:.2f}** | "
-              f"{hf['peak'] / hf['param_bytes']:.2f} | {ours['after_forward'] / ours['param_bytes']:.2f} / "
-              f"{hf['after_forward'] / hf['param_bytes']:.2f} | {ours['secs']:.2f} s | {hf['secs']:.2f} s | "
-              f"{ours['secs'] / hf['secs']:.2f} | {diff:.1e} ({ours['max_logit']:.2g}) | {ours['load']:.1f} |")
+              f"{pb / 2**30:.2f} GiB | **{ours['peak'] / pb:.2f}** | " + " | ".join(hf_cols) +
+              f" | {diff:.1e} ({ours['max_logit']:.2g}){' vs oracle' if hf is None else ''} | {ours['load']:.1f} |")
 
 
 if __name__ == "__main__":

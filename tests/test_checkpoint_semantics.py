@@ -320,3 +320,67 @@ def test_device_map_keeps_each_block_and_zamba2_shared_blocks_whole():
     assert mods == {"": torch.device("cpu")} and set(per_param.values()) == {torch.device("cpu")}
     with pytest.raises(InputError, match="on one device"):
         plan(model, "auto", torch.float32, max_memory={"cpu": 1000})
+
+
+# ------------------------------------------------------------------ bad input on the newer families' load paths
+def _sharded(kind, d):
+    """A tiny checkpoint of ``kind`` in at least two safetensors shards (+ index), as its real one ships."""
+    if kind == "llamba":  # Cartesia's layout, split into two shards by hand (no HF class writes it)
+        from gather_aggregate.adapters.llamba_testing import llamba_raw_config, random_llamba_state_dict
+
+        raw = llamba_raw_config()
+        sd = random_llamba_state_dict(raw, 0)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(raw))
+        keys = sorted(sd)
+        halves = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+                  "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+        for fname, ks in halves.items():
+            save_file({k: sd[k].contiguous() for k in ks}, d / fname, metadata={"format": "pt"})
+        index = {"metadata": {}, "weight_map": {k: f for f, ks in halves.items() for k in ks}}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        return d
+    from gather_aggregate.adapters import families_testing as ft
+
+    hf = {"nemotron_h": ft.tiny_hf_nemotron_h, "qwen3_next": ft.tiny_hf_qwen3_next,
+          "granitemoehybrid": ft.tiny_hf_granite}[kind](seed=1)
+    hf.save_pretrained(d, max_shard_size="40KB")
+    return d
+
+
+#: a width in config.json that the stored tensors then contradict
+DISAGREE = {"llamba": ("ssm_cfg", "d_state", 16), "nemotron_h": (None, "ssm_state_size", 16),
+            "qwen3_next": (None, "linear_key_head_dim", 16), "granitemoehybrid": (None, "mamba_d_state", 16)}
+
+
+@pytest.mark.parametrize("kind", ["llamba", "nemotron_h", "qwen3_next", "granitemoehybrid"])
+def test_newer_families_refuse_damaged_missing_foreign_and_contradicted_checkpoints(tmp_path, kind):
+    d = _sharded(kind, tmp_path / "ok")
+    shards = sorted(d.glob("model-*.safetensors"))
+    assert len(shards) >= 2
+    load_model(d, tokenizer=False)  # the intact checkpoint loads
+    import shutil
+
+    def copy(name):
+        return shutil.copytree(d, tmp_path / name)
+
+    bad = copy("truncated")  # damaged: a truncated shard
+    shard = bad / shards[-1].name
+    shard.write_bytes(shard.read_bytes()[:-64])
+    with pytest.raises(CheckpointError, match=rf"{shard.name}.*truncated"):
+        load_model(bad, tokenizer=False)
+    bad = copy("missing")  # a shard the index names is gone
+    (bad / shards[0].name).unlink()
+    with pytest.raises(ModelLoadError, match=rf"{shards[0].name}.*missing"):
+        load_model(bad, tokenizer=False)
+    bad = copy("foreign")  # wrong format: a pickle under a safetensors name
+    torch.save({"x": torch.ones(2)}, bad / shards[0].name)
+    with pytest.raises(CheckpointError, match=rf"{shards[0].name}.*not a valid safetensors file"):
+        load_model(bad, tokenizer=False)
+    bad = copy("contradicted")  # config and weights disagree
+    cfg = json.loads((bad / "config.json").read_text())
+    section, field, value = DISAGREE[kind]
+    (cfg[section] if section else cfg)[field] = value
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="mis-shaped keys"):
+        load_model(bad, tokenizer=False)
