@@ -32,7 +32,8 @@ TOL = 1e-4
 LOAD_BAR = 1.25
 
 #: the default suite's subset (this file must stay < 30 s there): one bf16 sharded HF checkpoint, every check
-#: (28 s at load average 7 on the 2 shared cores; the mamba-ssm layout took 41 s beside it, so it is ``slow`` with
+#: (the file: 18.7 s at load average 3.5 on the 2 shared cores, 44 s at 7; the mamba-ssm layout took 41 s at 7,
+#: so it is ``slow`` with
 #: the rest, Llamba's Cartesia layout included)
 FAST = [("falcon-mamba-7b", dict(n_layers=1, vocab=2048))]
 SLOW = [
