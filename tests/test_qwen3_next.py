@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hybrid_family_checks import (
+    check_matches_hf,
+    check_protocol_on_disk,
+    check_scan_and_detector,
+    refused_config_message,
+    save_and_load,
+    tokens,
+)
 
 from gather_aggregate.adapters.delta_rule import (
     delta_implied_attention,
@@ -13,12 +21,7 @@ from gather_aggregate.adapters.delta_rule import (
     prepare_qk,
 )
 from gather_aggregate.adapters.families_testing import random_qwen3_next_config, tiny_hf_qwen3_next
-from gather_aggregate.errors import CheckpointError, InputError
-from gather_aggregate.protocol import count_hooks, param_checksum
-
-
-def _tokens(vocab: int, n: int = 2, L: int = 21, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, vocab, (n, L), generator=torch.Generator().manual_seed(seed))
+from gather_aggregate.errors import InputError
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -26,16 +29,10 @@ def test_random_configs_match_hf(seed):
     from gather_aggregate.adapters import load_ssm
 
     hf = tiny_hf_qwen3_next(seed, config=random_qwen3_next_config(seed))
-    before = param_checksum(hf)
-    model = load_ssm(hf)
-    tokens = _tokens(61, L=[9, 40, 70][seed % 3], seed=seed)
-    with torch.no_grad():
-        ref = hf(tokens, use_cache=False).logits
-    assert ref.abs().max() > 0.5  # the weights are not degenerate
-    torch.testing.assert_close(model(tokens), ref, atol=1e-4, rtol=1e-4)
+    toks = tokens(61, L=[9, 40, 70][seed % 3], seed=seed)
+    model, ref = check_matches_hf(hf, load_ssm, toks)
     model.scan_impl = "sequential"
-    torch.testing.assert_close(model(tokens), ref, atol=1e-4, rtol=1e-4)
-    assert param_checksum(hf) == before
+    torch.testing.assert_close(model(toks), ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -60,15 +57,7 @@ def test_delta_rule_chunked_and_implied_attention_match_their_oracles(seed):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    from gather_aggregate import load_model
-    from gather_aggregate.testing import save_model_dir
-    from gather_aggregate.training.vocab import build_tokenizer, make_world
-
-    world = make_world(seed=0)
-    tok = build_tokenizer(world)
-    hf = tiny_hf_qwen3_next(3, vocab_size=len(tok))
-    d = save_model_dir(hf, tok, tmp_path_factory.mktemp("qwen3_next"))
-    return world, tok, hf, load_model(d), d
+    return save_and_load(tiny_hf_qwen3_next, 3, tmp_path_factory.mktemp("qwen3_next"))
 
 
 def test_load_model_hooks_and_implied_attention(saved):
@@ -78,17 +67,13 @@ def test_load_model_hooks_and_implied_attention(saved):
     assert isinstance(model, HookedQwen3Next)
     assert [(i.kind, i.n_heads, i.d_head) for i in model.layers] == [("ssm", 4, 8), ("attn", 4, 8)] * 2
     assert model.head_hook(0) == ("blocks.0.ssm.hook_head_out", 2) and model.head_hook(1) == ("blocks.1.attn.hook_z", 2)
-    tokens = _tokens(model.d_vocab, L=30)
-    logits, cache = model.run_with_cache(tokens)
-    with torch.no_grad():
-        torch.testing.assert_close(logits, hf(tokens, use_cache=False).logits, atol=1e-4, rtol=1e-4)
+    logits, cache = check_protocol_on_disk(hf, model)
+    toks = tokens(model.d_vocab, L=30)
     for L in (0, 2):
         alpha = model.pattern(cache, L)
         v, y = cache[f"blocks.{L}.ssm.hook_v"], cache[f"blocks.{L}.ssm.hook_y"]
         assert float((torch.einsum("bhts,bshv->bthv", alpha, v) - y).norm() / y.norm()) <= 1e-5
-        torch.testing.assert_close(model.pattern(tokens, L, rows=-1)[:, :, 0], alpha[:, :, -1])
-    soft = model.pattern(cache, 1)
-    torch.testing.assert_close(soft.sum(-1), torch.ones(2, 4, 30))
+        torch.testing.assert_close(model.pattern(toks, L, rows=-1)[:, :, 0], alpha[:, :, -1])
     # hook_z is the o_proj input: the gated (pattern @ v) per head
     z = cache["blocks.1.attn.hook_z"]
     torch.testing.assert_close(z, cache["blocks.1.attn.hook_o"] * cache["blocks.1.attn.hook_attn_gate"])
@@ -106,11 +91,11 @@ def test_effective_attention_of_transformer_lens_drops_the_key_removal(saved):
     from gather_aggregate.bridge import _build_bridge
 
     _, _, hf, model, _ = saved
-    tokens = _tokens(model.d_vocab, L=24, seed=2)
+    toks = tokens(model.d_vocab, L=24, seed=2)
     bridge = _build_bridge(copy.deepcopy(hf), "Qwen3NextForCausalLM", hf.config, None)
-    _, tl_cache = bridge.run_with_cache(tokens, use_cache=False)
+    _, tl_cache = bridge.run_with_cache(toks, use_cache=False)
     tl = bridge.blocks[0].linear_attn.compute_effective_attention(tl_cache, 0)
-    _, cache = model.run_with_cache(tokens)
+    _, cache = model.run_with_cache(toks)
     q, k, g, beta = (cache[f"blocks.0.ssm.hook_{n}"] for n in ("q", "k", "g", "beta"))
     torch.testing.assert_close(tl_cache["blocks.0.linear_attn.hook_q"], q)  # the same hooked tensors
     # their formula, from our hooks: (q_t · k_s) β_s exp(G_t - G_s)
@@ -126,49 +111,19 @@ def test_effective_attention_of_transformer_lens_drops_the_key_removal(saved):
 
 
 def test_exact_scan_and_detector_run_on_qwen3_next(saved):
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
-    from gather_aggregate.scan import exact_scan, naive_scan
-    from gather_aggregate.tasks.kv import KVRetrieval
-
-    world, tok, _, model, _ = saved
-    before = param_checksum(model)
-    tokens = _tokens(model.d_vocab, L=12, seed=1)
-    target = torch.tensor([3, 7])
-
-    def metric(logits):
-        return logits[:, -1].log_softmax(-1).gather(1, target[:, None]).mean()
-
-    heads = [(L, h) for L in range(4) for h in (0, 3)]
-    exact = exact_scan(model, tokens, metric, heads=heads, progress=False, max_rows=8)
-    naive = naive_scan(model, tokens, metric, heads=heads, progress=False)
-    assert {r["kind"] for r in exact.rows} == {"attn", "ssm"}
-    for layer, head in heads:
-        assert exact.score(layer, head) == pytest.approx(naive.score(layer, head), abs=1e-5)
-    examples = KVRetrieval(n_pairs=4, keys=world.kv_keys, values=world.kv_values).examples(tok, n=4, seed=1)
-    table = pattern_scores(model, examples)
-    assert {r["kind"] for r in table} == {"attn", "ssm"} and len(table) == 16
-    assert find_ga_heads(model, examples, scores=table) is not None
-    assert param_checksum(model) == before and count_hooks(model) == 0
+    check_scan_and_detector(saved, n_layers=4, n_scores=16)
 
 
 def test_a_checkpoint_whose_config_disagrees_is_refused(saved, tmp_path):
-    import json
-    import shutil
-
     _, _, _, model, d = saved
-    bad = tmp_path / "bad"
-    shutil.copytree(d, bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    cfg["linear_num_value_heads"] = 2
-    cfg["layer_types"] = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
-    (bad / "config.json").write_text(json.dumps(cfg))
-    from gather_aggregate import load_model
 
-    with pytest.raises(CheckpointError) as err:
-        load_model(bad)
-    msg = str(err.value)
+    def edit(cfg):
+        cfg["linear_num_value_heads"] = 2
+        cfg["layer_types"] = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+
+    msg = refused_config_message(d, tmp_path, edit)
     assert "model.layers.1.linear_attn.A_log" in msg and "unexpected keys" in msg and "mis-shaped" in msg
     with pytest.raises(InputError, match="max_bytes"):
-        model.pattern(_tokens(model.d_vocab, L=5), 0, reduce="mean")
+        model.pattern(tokens(model.d_vocab, L=5), 0, reduce="mean")
     with pytest.raises(InputError, match="DeltaNet"):
         model.ssm_layer_params(0)
