@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention, activation
+from gather_aggregate.adapters.checkpoint import CONV_NAMES, expert_names, layer_checkpoint_key
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
@@ -165,26 +166,17 @@ _ON_DISK = {"block_sparse_moe.input_linear.weight": "block_sparse_moe.experts.ga
             "block_sparse_moe.router.layer.weight": "block_sparse_moe.router.weight"}
 
 
+_PARTS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn": "self_attn", "ssm": "mamba",
+          "mlp": "block_sparse_moe"}
+_RENAMES = {"ssm": CONV_NAMES, "mlp": expert_names()}
+_SHARED_MLP = re.compile(r"blocks\.\d+\.mlp\.(input|output)_linear\..+")
+
+
 def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
-    fixed = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight",
-             "unembed.weight": "lm_head.weight"}
-    if ours in fixed:
-        return fixed[ours]
-    m = re.fullmatch(r"blocks\.(\d+)\.(\w+)\.(.+)", ours)
-    if m is None:  # pragma: no cover
-        return ours
-    i, part, rest = m.groups()
-    pre = f"model.layers.{i}."
-    if part in ("ln1", "ln2"):
-        return pre + ("input_layernorm." if part == "ln1" else "post_attention_layernorm.") + rest
-    if part == "attn":
-        return pre + "self_attn." + rest
-    if part == "ssm":
-        return pre + "mamba." + {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias"}.get(rest, rest)
-    if rest.startswith(("input_linear", "output_linear")):
-        return pre + "shared_mlp." + rest
-    return pre + "block_sparse_moe." + {"router.weight": "router.weight", "gate_up_proj": "experts.gate_up_proj",
-                                        "down_proj": "experts.down_proj"}[rest]
+    """The HF checkpoint name of one of our parameters (the MLP's shared half is HF's ``shared_mlp``)."""
+    if _SHARED_MLP.fullmatch(ours):
+        return layer_checkpoint_key(ours, {**_PARTS, "mlp": "shared_mlp"})
+    return layer_checkpoint_key(ours, _PARTS, _RENAMES)
 
 
 def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:

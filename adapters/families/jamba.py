@@ -10,13 +10,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gather_aggregate.adapters.checkpoint import stack_experts
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, decoder_fields
 from gather_aggregate.adapters.hybrid_convert import decoder_checkpoint_key
 from gather_aggregate.adapters.mixers import Mamba1Mixer
-from gather_aggregate.adapters.streaming import StackedTensor
 
 
 def jamba_config_from_hf(hf_config: Any) -> HybridConfig:
@@ -91,25 +91,8 @@ def fuse_experts(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Te
     ``experts.{e}.down_proj.weight`` -> ``experts.down_proj[e]``.  Incomplete sets are
     left as they are (the converter then reports them).
     """
-    groups: dict[str, dict[tuple[int, str], str]] = {}
-    for key in state_dict:
-        m = _EXPERT.match(key)
-        if m:
-            groups.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = key
-    if not groups:
-        return state_dict
-    out = dict(state_dict)
-    for prefix, parts in groups.items():
-        n = 1 + max(e for e, _ in parts)
-        if len(parts) != 3 * n:
-            continue
-        # lazy: the fused tensors are written straight into the parameter when it is materialised
-        out[prefix + ".gate_up_proj"] = StackedTensor(
-            [[state_dict[parts[(e, "gate_proj")]], state_dict[parts[(e, "up_proj")]]] for e in range(n)])
-        out[prefix + ".down_proj"] = StackedTensor([[state_dict[parts[(e, "down_proj")]]] for e in range(n)])
-        for key in parts.values():
-            del out[key]
-    return out
+    return stack_experts(state_dict, _EXPERT, {"gate_up_proj": ("gate_proj", "up_proj"),
+                                               "down_proj": ("down_proj",)})
 
 
 FAMILY = HybridFamily("jamba", jamba_config_from_hf, HookedJamba, decoder_checkpoint_key, fuse_experts)

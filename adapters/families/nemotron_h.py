@@ -26,11 +26,11 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention
+from gather_aggregate.adapters.checkpoint import stack_experts
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
-from gather_aggregate.adapters.streaming import StackedTensor
 from gather_aggregate.errors import UnsupportedModelError
 
 MODEL_TYPE = "nemotron_h"
@@ -241,30 +241,12 @@ def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
 
 
-def stack_experts(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The on-disk per-expert layout (``experts.{e}.up_proj.weight``) -> the stacked ``experts.up_proj``."""
-    parts: dict[tuple[str, str], dict[int, str]] = {}
-    for key in state_dict:
-        m = _EXPERT.match(key)
-        if m:
-            parts.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = key
-    out = dict(state_dict)
-    for (prefix, name), keys in parts.items():
-        if sorted(keys) == list(range(len(keys))):  # complete sets only; the converter reports the rest
-            experts = [state_dict[keys[e]] for e in range(len(keys))]
-            # in memory: stack now; from a checkpoint (lazily read tensors): stream each expert into the parameter
-            out[f"{prefix}.{name}"] = (torch.stack(experts) if all(isinstance(x, Tensor) for x in experts)
-                                       else StackedTensor([[x] for x in experts]))
-            for key in keys.values():
-                del out[key]
-    return out
-
-
 def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
-    """Experts stacked, the original ``backbone.`` prefix renamed ``model.``, ``mtp.*`` dropped; HF's NemotronH keeps
+    """Experts stacked (lazily: each expert is written into the parameter), the original ``backbone.`` prefix renamed ``model.``, ``mtp.*`` dropped; HF's NemotronH keeps
     its own ``lm_head`` even when ``tie_word_embeddings`` is set, and so does the hooked model."""
     out = {}
-    for key, value in stack_experts(state_dict).items():
+    stacked = stack_experts(state_dict, _EXPERT, {"up_proj": ("up_proj",), "down_proj": ("down_proj",)})
+    for key, value in stacked.items():
         if not key.startswith("mtp."):
             out["model." + key[len("backbone."):] if key.startswith("backbone.") else key] = value
     return out

@@ -18,7 +18,6 @@ attention (:mod:`.delta_rule`) on DeltaNet layers, which reconstructs ``hook_y =
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -36,6 +35,7 @@ from gather_aggregate.adapters.attention import (
     default_inv_freq,
     rope_cos_sin,
 )
+from gather_aggregate.adapters.checkpoint import CONV_NAMES, expert_names, layer_checkpoint_key
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.families.jamba import fuse_experts
 from gather_aggregate.adapters.gated_deltanet import GatedDeltaNetMixer
@@ -240,26 +240,14 @@ class HookedQwen3Next(HookedHybrid):
 
 
 # ------------------------------------------------------------------------------ weights
+_PARTS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn": "self_attn", "ssm": "linear_attn",
+          "mlp": "mlp"}
+_RENAMES = {"ssm": CONV_NAMES, "mlp": expert_names(router="gate.weight")}
+
+
 def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     """The HF checkpoint name of one of our parameters."""
-    fixed = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight",
-             "unembed.weight": "lm_head.weight"}
-    if ours in fixed:
-        return fixed[ours]
-    m = re.fullmatch(r"blocks\.(\d+)\.(\w+)\.(.+)", ours)
-    if m is None:  # pragma: no cover
-        return ours
-    i, part, rest = m.groups()
-    pre = f"model.layers.{i}."
-    if part in ("ln1", "ln2"):
-        return pre + ("input_layernorm." if part == "ln1" else "post_attention_layernorm.") + rest
-    if part == "attn":
-        return pre + "self_attn." + rest
-    if part == "ssm":
-        return pre + "linear_attn." + {"conv_weight": "conv1d.weight"}.get(rest, rest)
-    rest = {"router.weight": "gate.weight", "gate_up_proj": "experts.gate_up_proj",
-            "down_proj": "experts.down_proj"}.get(rest, rest) if cfg.layer_experts[int(i)] > 1 else rest
-    return pre + "mlp." + rest
+    return layer_checkpoint_key(ours, _PARTS, _RENAMES)
 
 
 def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
