@@ -119,3 +119,66 @@ def refused_config_message(saved_dir: Path, tmp_path: Path, edit: Callable[[dict
     with pytest.raises(CheckpointError) as err:
         load_model(bad)
     return str(err.value)
+
+
+class HybridFamilySuite:
+    """The tests every hybrid family runs; a family's test file subclasses it as ``Test<Family>`` and fills in
+    what is its own (pytest collects only the subclasses)."""
+
+    #: ``make_hf(seed, config=None, **overrides)``: a random HF model of the family in eval mode
+    make_hf: Callable[..., Any]
+    #: ``random_config(seed)``: a randomised small HF config
+    random_config: Callable[[int], Any]
+    #: ``load(hf)``: the hooked model of an in-memory HF model
+    load: Callable[[Any], Any]
+    #: the hooked model class ``load_model`` gives for a saved checkpoint, and its layers' kinds
+    hooked_class: type
+    layer_kinds: tuple[str, ...] = ("ssm", "attn", "ssm")
+    lengths: tuple[int, int, int] = (9, 33, 50)  # prompt lengths of the random-config tests, cycled by seed
+    saved_seed = 4  # the seed of the model saved to disk
+    n_layers = 3  # protocol layers of the saved model
+    n_scores = 8 + 4 + 8  # rows of its pattern-score table
+
+    def check_random_model(self, model: Any, toks: torch.Tensor, ref: torch.Tensor) -> None:
+        """More checks on each random-config model (its logits already equal HF's ``ref``)."""
+        check_mamba2_heads_rebuilt(model, toks)
+
+    def edit_config(self, cfg: dict) -> None:
+        """Make the saved config.json disagree with its weights."""
+        raise NotImplementedError
+
+    def check_refusal(self, msg: str) -> None:
+        """What the CheckpointError of the disagreeing config must name."""
+        raise NotImplementedError
+
+    def check_saved(self, model: Any) -> None:
+        """More checks on the model loaded from disk, after the scan and the detector ran on it."""
+
+    def check_loaded(self, hf: Any, model: Any, logits: torch.Tensor, cache: Any) -> None:
+        """More checks on the model loaded from disk (its logits on 30 tokens equal HF's): by default, resuming
+        the forward pass at layer 1 from the cached residual gives the same logits."""
+        torch.testing.assert_close(model(cache["blocks.1.hook_resid_pre"], start_at_layer=1), logits)
+
+    @pytest.mark.parametrize("seed", range(12))
+    def test_random_configs_match_hf(self, seed):
+        hf = type(self).make_hf(seed, config=type(self).random_config(seed))
+        toks = tokens(61, L=self.lengths[seed % 3], seed=seed)
+        model, ref = check_matches_hf(hf, type(self).load, toks)
+        self.check_random_model(model, toks, ref)
+
+    @pytest.fixture(scope="class")
+    def saved(self, tmp_path_factory):
+        return save_and_load(type(self).make_hf, self.saved_seed, tmp_path_factory.mktemp(type(self).__name__))
+
+    def test_load_model_from_disk_and_protocol(self, saved):
+        _, _, hf, model, _ = saved
+        assert isinstance(model, self.hooked_class)
+        assert tuple(i.kind for i in model.layers) == self.layer_kinds
+        logits, cache = check_protocol_on_disk(hf, model)
+        self.check_loaded(hf, model, logits, cache)
+
+    def test_exact_scan_and_detector_run(self, saved):
+        self.check_saved(check_scan_and_detector(saved, n_layers=self.n_layers, n_scores=self.n_scores))
+
+    def test_a_checkpoint_whose_config_disagrees_is_refused(self, saved, tmp_path):
+        self.check_refusal(refused_config_message(saved[4], tmp_path, self.edit_config))
