@@ -29,6 +29,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, make_mixer
 from gather_aggregate.errors import InputError, NonFiniteError
+from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, resolve_rows
 
 #: Default budget (bytes) for implied-attention computations; ``model.max_pattern_bytes`` overrides.
@@ -151,14 +152,6 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         return (self.embed.weight if self.unembed is None else self.unembed.weight).T
 
     # ---- forward -------------------------------------------------------------
-    def _layer_index(self, value: int | None, name: str) -> int | None:
-        if value is None:
-            return None
-        n = self.cfg.n_layers
-        if not isinstance(value, int) or isinstance(value, bool) or not -n <= value <= n:
-            raise InputError(f"{name}={value!r} is out of range: use an int in [-{n}, {n}] (this model has {n} layers)")
-        return value % n if value < 0 else value
-
     def check_resid_input(self, resid: Any, layer: int) -> Tensor:
         """Validate a residual stream fed with ``start_at_layer``: shape, dtype, device, finiteness."""
         if not isinstance(resid, Tensor) or not resid.is_floating_point():
@@ -192,8 +185,8 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         ``L`` (e.g. ``cache['blocks.L.hook_resid_pre']``), so scans can resume
         without re-running the prefix.
         """
-        start = self._layer_index(start_at_layer, "start_at_layer")
-        stop = self._layer_index(stop_at_layer, "stop_at_layer")
+        start = layer_bound(start_at_layer, "start_at_layer", self.cfg.n_layers)
+        stop = layer_bound(stop_at_layer, "stop_at_layer", self.cfg.n_layers)
         if start is not None and stop is not None and stop < start:
             raise InputError(f"stop_at_layer={stop_at_layer} comes before start_at_layer={start_at_layer}")
         if not self.check_finite:

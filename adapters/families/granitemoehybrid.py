@@ -27,12 +27,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from gather_aggregate.adapters.attention import Attention, activation
+from gather_aggregate.adapters.attention import activation, mix_experts
 from gather_aggregate.adapters.checkpoint import CONV_NAMES, expert_names, layer_checkpoint_key
 from gather_aggregate.adapters.families import HybridFamily
-from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
-from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.mixers import RMSNorm
 
 MODEL_TYPE = "granitemoehybrid"
 
@@ -94,43 +94,19 @@ class GraniteMLP(nn.Module):
         top_l, top_i = logits.topk(self.top_k, dim=-1)
         weights = torch.zeros_like(logits).scatter(-1, top_i, torch.softmax(top_l, dim=-1))
         weights = self.hook_expert_weights(weights.to(x.dtype))
-        out = torch.zeros_like(x)
-        for e in range(self.n_experts):
-            sel = weights[..., e] != 0
-            if bool(sel.any()):
-                gate, up = F.linear(x[sel], self.gate_up_proj[e]).chunk(2, dim=-1)
-                out[sel] = out[sel] + F.linear(self.act(gate) * up, self.down_proj[e]) * weights[..., e][sel][:, None]
-        return out + shared
+        return mix_experts(x, weights, self.gate_up_proj, self.down_proj, self.act) + shared
 
 
-class GraniteBlock(nn.Module):
+class GraniteBlock(MixerBlock):
     """``r += m · mixer(ln1(r)); r += m · mlp(ln2(r))`` with ``m = residual_multiplier``."""
 
     def __init__(self, cfg: HybridConfig, layer: int) -> None:
-        super().__init__()
-        self.kind = cfg.layer_kinds[layer]
+        super().__init__(cfg, layer)
         self.mult = cfg.extra["residual_multiplier"]
-        self.hook_resid_pre = HookPoint()
-        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if self.kind == "ssm":
-            self.ssm = make_mixer(cfg)
-        else:
-            self.attn = Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
-                                  scale=cfg.attn_scale, rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta,
-                                  qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
-            self.hook_attn_out = HookPoint()
-        self.hook_mixer_out = HookPoint()
-        self.hook_resid_mid = HookPoint()
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = GraniteMLP(cfg)
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_resid_pre(resid)
-        normed = self.ln1(resid)
-        out = self.ssm(normed) if self.kind == "ssm" else self.hook_attn_out(self.attn(normed))
-        return self.after_mixer(resid, out)
 
     def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         """The rest of the block once the mixer has run."""

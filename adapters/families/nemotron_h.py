@@ -28,9 +28,9 @@ from transformer_lens.hook_points import HookPoint
 from gather_aggregate.adapters.attention import Attention
 from gather_aggregate.adapters.checkpoint import stack_experts
 from gather_aggregate.adapters.families import HybridFamily
-from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig
-from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.errors import UnsupportedModelError
 
 MODEL_TYPE = "nemotron_h"
@@ -177,29 +177,19 @@ class FFNLayer(nn.Module):
         return self.hook_resid_post(resid + self.hook_out(self.mlp(self.ln(resid))))
 
 
-class NemotronHBlock(nn.Module):
+def _attention(cfg: HybridConfig) -> Attention:
+    return Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
+                     scale=cfg.attn_scale)
+
+
+class NemotronHBlock(MixerBlock):
     """One protocol layer: a mixer HF layer and the MLP/MoE HF layers folded after it."""
 
     def __init__(self, cfg: HybridConfig, layer: int) -> None:
-        super().__init__()
-        self.kind = cfg.layer_kinds[layer]
-        self.hook_resid_pre = HookPoint()
-        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if self.kind == "ssm":
-            self.ssm = make_mixer(cfg)
-        else:
-            self.attn = Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
-                                  scale=cfg.attn_scale)
-            self.hook_attn_out = HookPoint()
-        self.hook_mixer_out, self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+        super().__init__(cfg, layer, attn=_attention)
+        self.hook_resid_post = HookPoint()
         types = cfg.extra["hf_types"]
         self.ffns = nn.ModuleList([FFNLayer(cfg, types[i]) for i in cfg.extra["hf_layers"][layer][1:]])
-
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_resid_pre(resid)
-        normed = self.ln1(resid)
-        out = self.ssm(normed) if self.kind == "ssm" else self.hook_attn_out(self.attn(normed))
-        return self.after_mixer(resid, out)
 
     def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         """The rest of the protocol layer once the mixer has run: residual add, then each folded MLP/MoE layer."""
