@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.adapters.streaming import Checkpoint, StackedTensor, materialize
+from gather_aggregate.adapters.streaming import Checkpoint, StackedTensor, TensorSource, materialize
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
 
 
@@ -32,8 +32,8 @@ def key_problems(missing: list[str], shaped: list[str], unexpected: list[str]) -
     return "; ".join(f"{what} keys ({len(keys)}): {_listing(keys)}" for what, keys in groups if keys)
 
 
-def rename_checked(state_dict: Mapping[str, Any], params: Mapping[str, Any], key_of: Callable[[str], str], *,
-                   tied: bool, mismatch: Callable[[str], str]) -> dict[str, Any]:
+def rename_checked(state_dict: Mapping[str, TensorSource], params: Mapping[str, Any], key_of: Callable[[str], str],
+                   *, tied: bool, mismatch: Callable[[str], str]) -> dict[str, TensorSource]:
     """Our parameter name -> its checkpoint tensor, for every parameter in ``params`` (name -> parameter).
 
     ``key_of(our_name)`` is the checkpoint key; a stored ``lm_head.weight`` is skipped when the embeddings are
@@ -41,7 +41,7 @@ def rename_checked(state_dict: Mapping[str, Any], params: Mapping[str, Any], key
     worded ``mismatch(listing)`` (the listing is :func:`key_problems`' line).
     """
     by_ckpt = {key_of(k): k for k in params}
-    out: dict[str, Any] = {}
+    out: dict[str, TensorSource] = {}
     unexpected = []
     for key, value in state_dict.items():
         if key == "lm_head.weight" and tied:
@@ -88,7 +88,7 @@ def layer_checkpoint_key(ours: str, parts: Mapping[str, str], renames: Mapping[s
     return f"{layers}.{i}.{parts[part]}.{names.get(rest, rest)}"
 
 
-def fill_model(model: Any, converted: Any, *, device: Any = None, dtype: torch.dtype | None = None,
+def fill_model(model: torch.nn.Module, converted: Any, *, device: Any = None, dtype: torch.dtype | None = None,
                device_map: Any = None, max_memory: Any = None) -> Any:
     """Materialise a model built on the meta device from ``converted`` (tensors or checkpoint references).
 
@@ -114,8 +114,8 @@ def fill_model(model: Any, converted: Any, *, device: Any = None, dtype: torch.d
     return model
 
 
-def stack_experts(state_dict: dict[str, Any], pattern: re.Pattern[str],
-                  stacked: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+def stack_experts(state_dict: dict[str, TensorSource], pattern: re.Pattern[str],
+                  stacked: dict[str, tuple[str, ...]]) -> dict[str, TensorSource]:
     """Per-expert MoE tensors (the on-disk layout) -> stacked ones, built lazily (:class:`StackedTensor`).
 
     ``pattern`` matches a per-expert key as ``(prefix).(expert index).(part)...``; ``stacked`` names each

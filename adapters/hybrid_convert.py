@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from gather_aggregate.adapters.checkpoint import (
     CONV_NAMES,
@@ -26,7 +26,13 @@ from gather_aggregate.adapters.checkpoint import (
 from gather_aggregate.adapters.families import HYBRID_FAMILIES, KNOWN_UNSUPPORTED, get_family
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig
-from gather_aggregate.adapters.streaming import apply_tying, meta_init, parse_dtype, resolve_dtype
+from gather_aggregate.adapters.streaming import (
+    TensorSource,
+    apply_tying,
+    meta_init,
+    parse_dtype,
+    resolve_dtype,
+)
 from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
 
 
@@ -60,7 +66,7 @@ def decoder_checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     return layer_checkpoint_key(ours, _DECODER_PARTS, _DECODER_RENAMES, final_norm="model.final_layernorm.weight")
 
 
-def convert_state_dict(state_dict: dict[str, Tensor], model: HookedHybrid) -> dict[str, Tensor]:
+def convert_state_dict(state_dict: dict[str, TensorSource], model: HookedHybrid) -> dict[str, TensorSource]:
     """Rename checkpoint tensors to ours; a :class:`CheckpointError` lists every missing/extra/mis-shaped one."""
     cfg = model.cfg
     family = get_family(cfg.model_type)
@@ -147,7 +153,7 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
     return _with_positions(model, config)
 
 
-def _with_positions(model: Any, config: Any) -> Any:
+def _with_positions(model: HookedHybrid, config: Any) -> HookedHybrid:
     """A hybrid refuses prompts longer than its config's ``max_position_embeddings``, as the bridge does."""
     n = getattr(config, "max_position_embeddings", None)
     model.n_ctx = int(n) if isinstance(n, int) and n > 0 else None

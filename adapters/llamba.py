@@ -53,6 +53,7 @@ from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.discrete_mamba2 import DiscreteMamba2Mixer
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
+from gather_aggregate.adapters.streaming import TensorSource
 from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
 from gather_aggregate.protocol import LayerInfo
 
@@ -181,7 +182,7 @@ def checkpoint_key(ours: str) -> str:
                                 embed="backbone.embedding.weight", layers="backbone.layers")
 
 
-def convert_state_dict(state_dict: dict[str, Tensor], model: HookedLlamba) -> dict[str, Tensor]:
+def convert_state_dict(state_dict: dict[str, TensorSource], model: HookedLlamba) -> dict[str, TensorSource]:
     """Rename checkpoint tensors to ours; a :class:`CheckpointError` lists every missing/extra/mis-shaped one."""
     cfg = model.cfg
     return rename_checked(

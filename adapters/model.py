@@ -196,8 +196,7 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
 
     def _forward(self, inp: Any, start: int | None, stop: int | None) -> Tensor:
         if start is None:
-            tokens: Int[Tensor, "batch pos"] = self.validate_tokens(inp)
-            resid = self.hook_embed(self.embed(tokens))
+            resid = self._embed_tokens(self.validate_tokens(inp))
             start = 0
         else:
             resid = self.check_resid_input(inp, start)
@@ -206,6 +205,15 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
             resid = blk(resid)
         if stop is not None:
             return resid
+        return self._logits(resid)
+
+    def _embed_tokens(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """The residual stream entering layer 0 (a family with its own embedding scale or stream overrides it)."""
+        embedded: Tensor = self.hook_embed(self.embed(tokens))
+        return embedded
+
+    def _logits(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        """fp32 logits from the residual stream after the last layer: ``unembed(ln_final(resid))``."""
         h = self.ln_final(resid.to(self.ln_final.weight.dtype))
         W = self.embed.weight if self.unembed is None else self.unembed.weight
         return torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W).float()

@@ -10,13 +10,16 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from gather_aggregate.errors import CheckpointError
 from gather_aggregate.protocol import count_hooks, param_checksum
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.adapters.hybrid import HookedHybrid
 
 
 def tokens(vocab: int, n: int = 2, L: int = 21, seed: int = 0) -> torch.Tensor:
@@ -39,7 +42,7 @@ def check_matches_hf(hf: Any, load: Callable[[Any], Any], toks: torch.Tensor) ->
     return model, ref
 
 
-def check_mamba2_heads_rebuilt(model: Any, toks: torch.Tensor) -> None:
+def check_mamba2_heads_rebuilt(model: HookedHybrid, toks: torch.Tensor) -> None:
     """Implied attention rebuilds every Mamba-2 head: ``y = α x + D x`` to a relative 1e-5."""
     _, cache = model.run_with_cache(toks)
     for L in model.cfg.ssm_layers:
@@ -67,7 +70,7 @@ def save_and_load(make_hf: Callable[..., Any], seed: int, tmp_dir: Path) -> tupl
     return world, tok, hf, load_model(d), d
 
 
-def check_protocol_on_disk(hf: Any, model: Any, attn_layer: int = 1) -> tuple[torch.Tensor, Any]:
+def check_protocol_on_disk(hf: Any, model: HookedHybrid, attn_layer: int = 1) -> tuple[torch.Tensor, Any]:
     """Logits equal HF's, the attention layer's pattern rows sum to one, and resuming at a layer is exact."""
     toks = tokens(model.d_vocab, L=30)
     logits, cache = model.run_with_cache(toks)
@@ -139,7 +142,7 @@ class HybridFamilySuite:
     n_layers = 3  # protocol layers of the saved model
     n_scores = 8 + 4 + 8  # rows of its pattern-score table
 
-    def check_random_model(self, model: Any, toks: torch.Tensor, ref: torch.Tensor) -> None:
+    def check_random_model(self, model: HookedHybrid, toks: torch.Tensor, ref: torch.Tensor) -> None:
         """More checks on each random-config model (its logits already equal HF's ``ref``)."""
         check_mamba2_heads_rebuilt(model, toks)
 
@@ -151,10 +154,10 @@ class HybridFamilySuite:
         """What the CheckpointError of the disagreeing config must name."""
         raise NotImplementedError
 
-    def check_saved(self, model: Any) -> None:
+    def check_saved(self, model: HookedHybrid) -> None:
         """More checks on the model loaded from disk, after the scan and the detector ran on it."""
 
-    def check_loaded(self, hf: Any, model: Any, logits: torch.Tensor, cache: Any) -> None:
+    def check_loaded(self, hf: Any, model: HookedHybrid, logits: torch.Tensor, cache: Any) -> None:
         """More checks on the model loaded from disk (its logits on 30 tokens equal HF's): by default, resuming
         the forward pass at layer 1 from the cached residual gives the same logits."""
         torch.testing.assert_close(model(cache["blocks.1.hook_resid_pre"], start_at_layer=1), logits)

@@ -33,6 +33,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.streaming import TensorSource
 
 MODEL_TYPE = "granitemoehybrid"
 
@@ -120,20 +121,14 @@ class HookedGraniteHybrid(HookedHybrid):
     def _make_blocks(self, cfg: HybridConfig) -> nn.ModuleList:  # type: ignore[override]
         return nn.ModuleList([GraniteBlock(cfg, i) for i in range(cfg.n_layers)])
 
-    def _forward(self, inp: Any, start: int | None, stop: int | None) -> Tensor:
-        x = self.cfg.extra
-        if start is None:
-            resid = self.hook_embed(self.embed(self.validate_tokens(inp)) * x["embedding_multiplier"])
-            start = 0
-        else:
-            resid = self.check_resid_input(inp, start)
-        for blk in self.blocks[start:self.cfg.n_layers if stop is None else stop]:
-            resid = blk(resid)
-        if stop is not None:
-            return resid
+    def _embed_tokens(self, tokens: Tensor) -> Tensor:
+        embedded: Tensor = self.hook_embed(self.embed(tokens) * self.cfg.extra["embedding_multiplier"])
+        return embedded
+
+    def _logits(self, resid: Tensor) -> Tensor:
         h = self.ln_final(resid)
         W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return (F.linear(h.to(W.dtype), W) / x["logits_scaling"]).float()
+        return (F.linear(h.to(W.dtype), W) / self.cfg.extra["logits_scaling"]).float()
 
 
 # ------------------------------------------------------------------------------ weights
@@ -155,7 +150,7 @@ def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     return layer_checkpoint_key(ours, _PARTS, _RENAMES)
 
 
-def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
+def prepare_state_dict(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
     """The on-disk MoE names (``block_sparse_moe.input_linear`` / ``output_linear`` / ``router.layer``) -> HF's."""
     out = {}
     for key, value in state_dict.items():

@@ -17,6 +17,7 @@ from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, decoder_fields
 from gather_aggregate.adapters.hybrid_convert import decoder_checkpoint_key
 from gather_aggregate.adapters.mixers import Mamba1Mixer
+from gather_aggregate.adapters.streaming import TensorSource
 
 
 def jamba_config_from_hf(hf_config: Any) -> HybridConfig:
@@ -36,18 +37,6 @@ def jamba_config_from_hf(hf_config: Any) -> HybridConfig:
     ).validate()
 
 
-class JambaMamba1Mixer(Mamba1Mixer):
-    """Jamba's Mamba-1 mixer: :class:`Mamba1Mixer` with *weighted* RMSNorms on dt (low rank), B and C.
-
-    Implemented by wrapping ``x_proj``: its output ``[dt_low | B | C]`` is normalised
-    piecewise before the shared Mamba-1 code splits it, so no mixer code is duplicated.
-    """
-
-    def __init__(self, cfg: SSMConfig) -> None:
-        super().__init__(cfg)
-        self.x_proj = _NormedXProj(self.x_proj, cfg)
-
-
 class _NormedXProj(nn.Module):
     def __init__(self, linear: nn.Linear, cfg: SSMConfig) -> None:
         super().__init__()
@@ -60,6 +49,20 @@ class _NormedXProj(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         dt, B, C = self.linear(x).split(self.sizes, dim=-1)
         return torch.cat([self.dt_norm(dt), self.b_norm(B), self.c_norm(C)], dim=-1)
+
+
+class JambaMamba1Mixer(Mamba1Mixer):
+    """Jamba's Mamba-1 mixer: :class:`Mamba1Mixer` with *weighted* RMSNorms on dt (low rank), B and C.
+
+    Implemented by wrapping ``x_proj``: its output ``[dt_low | B | C]`` is normalised
+    piecewise before the shared Mamba-1 code splits it, so no mixer code is duplicated.
+    """
+
+    x_proj: nn.Module  # the base mixer's Linear, then the wrapper around it
+
+    def __init__(self, cfg: SSMConfig) -> None:
+        super().__init__(cfg)
+        self.x_proj = _NormedXProj(self.x_proj, cfg)
 
 
 class _PlainRMSNorm(nn.Module):
@@ -84,7 +87,7 @@ class HookedJamba(HookedHybrid):
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def fuse_experts(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
+def fuse_experts(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
     """Per-expert MoE tensors (the on-disk Jamba layout) -> the fused in-memory layout.
 
     ``experts.{e}.gate_proj/up_proj.weight`` -> ``experts.gate_up_proj[e] = [gate; up]``,

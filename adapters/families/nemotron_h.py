@@ -31,6 +31,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig
 from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.streaming import TensorSource
 from gather_aggregate.errors import UnsupportedModelError
 
 MODEL_TYPE = "nemotron_h"
@@ -231,9 +232,10 @@ def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
 
 
-def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
-    """Experts stacked (lazily: each expert is written into the parameter), the original ``backbone.`` prefix renamed ``model.``, ``mtp.*`` dropped; HF's NemotronH keeps
-    its own ``lm_head`` even when ``tie_word_embeddings`` is set, and so does the hooked model."""
+def prepare_state_dict(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
+    """Experts stacked (lazily: each expert is written into the parameter), the original ``backbone.`` prefix
+    renamed ``model.``, ``mtp.*`` dropped; HF's NemotronH keeps its own ``lm_head`` even when
+    ``tie_word_embeddings`` is set, and so does the hooked model."""
     out = {}
     stacked = stack_experts(state_dict, _EXPERT, {"up_proj": ("up_proj",), "down_proj": ("down_proj",)})
     for key, value in stacked.items():

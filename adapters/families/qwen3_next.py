@@ -41,6 +41,7 @@ from gather_aggregate.adapters.gated_deltanet import GatedDeltaNetMixer
 from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.streaming import TensorSource
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import LayerInfo, resolve_rows
 
@@ -219,7 +220,7 @@ def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     return layer_checkpoint_key(ours, _PARTS, _RENAMES)
 
 
-def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
+def prepare_state_dict(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
     """The on-disk per-expert tensors fused (as Jamba's); ``mtp.*`` (multi-token prediction) dropped, as HF does."""
     return fuse_experts({k: v for k, v in state_dict.items() if not k.startswith("mtp.")})
 
