@@ -163,40 +163,51 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.hook_post(self.act(pre) * lin))
 
 
+def mix_experts(x: Float[Tensor, "batch pos d_model"], weights: Float[Tensor, "batch pos expert"],
+                gate_up_proj: Float[Tensor, "expert two_d_mlp d_model"], down_proj: Float[Tensor, "expert d_model d_mlp"],
+                act: Callable[[Tensor], Tensor]) -> Float[Tensor, "batch pos d_model"]:
+    """``Σ_e w_e · down_e(act(gate_e x) ⊙ up_e x)`` with ``[gate_e; up_e] = gate_up_proj[e]``, each expert run
+    on the tokens that give it a nonzero weight only."""
+    out = torch.zeros_like(x)
+    for e in range(gate_up_proj.shape[0]):
+        sel = weights[..., e] != 0
+        if bool(sel.any()):
+            gate, up = F.linear(x[sel], gate_up_proj[e]).chunk(2, dim=-1)
+            out[sel] = out[sel] + F.linear(act(gate) * up, down_proj[e]) * weights[..., e][sel][:, None]
+    return out
+
+
 class SparseMoE(nn.Module):
-    """Top-k mixture of gated-MLP experts (Jamba/Mixtral routing, weights *not* renormalised).
+    """Top-k mixture of gated-MLP experts (Jamba/Mixtral routing; weights renormalised only when ``norm_topk``).
 
     ``p = softmax(x W_router^T)`` (fp32); each token uses its top-k experts ``e`` with
-    weight ``p_e``: ``out = Σ_e p_e · down_e(act(gate_e x) ⊙ up_e x)``.  Hooks:
-    ``hook_router_logits`` ``[batch, pos, expert]`` and ``hook_expert_weights``
+    weight ``p_e`` (``p_e / Σ_top-k p`` when ``norm_topk``): ``out = Σ_e p_e · down_e(act(gate_e x) ⊙ up_e x)``.
+    Hooks: ``hook_router_logits`` ``[batch, pos, expert]`` and ``hook_expert_weights``
     ``[batch, pos, expert]`` (``p_e`` on chosen experts, 0 elsewhere).
     """
 
-    def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int, act: str = "silu") -> None:
+    def __init__(self, d_model: int, d_mlp: int, n_experts: int, top_k: int, act: str = "silu",
+                 norm_topk: bool = False) -> None:
         super().__init__()
-        self.n_experts, self.top_k, self.d_mlp = n_experts, top_k, d_mlp
+        self.n_experts, self.top_k, self.d_mlp, self.norm_topk = n_experts, top_k, d_mlp, norm_topk
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.gate_up_proj = nn.Parameter(torch.zeros(n_experts, 2 * d_mlp, d_model))
         self.down_proj = nn.Parameter(torch.zeros(n_experts, d_model, d_mlp))
         self.act = activation(act)
         self.hook_router_logits, self.hook_expert_weights = HookPoint(), HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+    def route(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos expert"]:
+        """Each token's expert weights (zero off its top-k), through ``hook_expert_weights``."""
         logits = self.hook_router_logits(self.router(x))
         probs = torch.softmax(logits.float(), dim=-1)
         top_w, top_i = probs.topk(self.top_k, dim=-1)
-        weights = torch.zeros_like(probs).scatter(-1, top_i, top_w)
-        weights = self.hook_expert_weights(weights.to(x.dtype))
-        out = torch.zeros_like(x)
-        for e in range(self.n_experts):
-            sel = weights[..., e] != 0
-            if not bool(sel.any()):
-                continue
-            xe = x[sel]
-            gate, up = F.linear(xe, self.gate_up_proj[e]).chunk(2, dim=-1)
-            ye = F.linear(self.act(gate) * up, self.down_proj[e]) * weights[..., e][sel][:, None]
-            out[sel] = out[sel] + ye
-        return out
+        if self.norm_topk:
+            top_w = top_w / top_w.sum(-1, keepdim=True)
+        weights: Tensor = self.hook_expert_weights(torch.zeros_like(probs).scatter(-1, top_i, top_w).to(x.dtype))
+        return weights
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        return mix_experts(x, self.route(x), self.gate_up_proj, self.down_proj, self.act)
 
 
-__all__ = ["Attention", "GatedMLP", "SparseMoE", "apply_rope", "rope_cos_sin", "default_inv_freq", "activation"]
+__all__ = ["Attention", "GatedMLP", "SparseMoE", "mix_experts", "apply_rope", "rope_cos_sin", "default_inv_freq", "activation"]

@@ -54,38 +54,59 @@ from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import LayerInfo, gather_rows, resolve_rows
 
 
-class HybridBlock(nn.Module):
-    """``r += mixer(ln1(r)); r += mlp(ln2(r))`` where the mixer is an SSM or attention."""
+def hybrid_attention(cfg: HybridConfig) -> Attention:
+    """The attention mixer of a hybrid's ``"attn"`` layers, as its config describes it (GQA, RoPE, biases)."""
+    return Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
+                     scale=cfg.attn_scale, rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta,
+                     qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
 
-    def __init__(self, cfg: HybridConfig, layer: int, ssm_mixer: Callable[[HybridConfig], nn.Module] = make_mixer) -> None:
+
+class MixerBlock(nn.Module):
+    """The half of a hybrid block that every family shares: ``hook_resid_pre``, ``ln1``, the layer's mixer
+    (``ssm``, or ``attn`` with ``hook_attn_out``), ``hook_mixer_out`` and ``hook_resid_mid``.
+
+    ``forward`` computes ``out = mixer(ln1(r))`` and returns ``after_mixer(r, out)``, the family's rest of the
+    block (the resume-after-mixer path of the scans calls ``after_mixer`` directly).
+    """
+
+    def __init__(self, cfg: HybridConfig, layer: int, *, ssm: Callable[[HybridConfig], nn.Module] = make_mixer,
+                 attn: Callable[[HybridConfig], nn.Module] = hybrid_attention,
+                 norm: Callable[[int, float], nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.kind = cfg.layer_kinds[layer]
         self.hook_resid_pre = HookPoint()
-        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ln1 = norm(cfg.d_model, cfg.norm_eps)
         if self.kind == "ssm":
-            self.ssm = ssm_mixer(cfg)
+            self.ssm = ssm(cfg)
         else:
-            self.attn = Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
-                                  scale=cfg.attn_scale, rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta,
-                                  qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
+            self.attn = attn(cfg)
             self.hook_attn_out = HookPoint()
         self.hook_mixer_out = HookPoint()
         self.hook_resid_mid = HookPoint()
+
+    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+        normed = self.ln1(resid)
+        out = self.ssm(normed) if self.kind == "ssm" else self.hook_attn_out(self.attn(normed))
+        return self.after_mixer(resid, out)
+
+    def after_mixer(self, resid: Float[Tensor, "batch pos d_model"],
+                    mixer_out: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The rest of the block once the mixer has run (the family's own)."""
+        raise NotImplementedError
+
+
+class HybridBlock(MixerBlock):
+    """``r += mixer(ln1(r)); r += mlp(ln2(r))`` where the mixer is an SSM or attention."""
+
+    def __init__(self, cfg: HybridConfig, layer: int, ssm_mixer: Callable[[HybridConfig], nn.Module] = make_mixer) -> None:
+        super().__init__(cfg, layer, ssm=ssm_mixer)
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         n_exp = cfg.layer_experts[layer] if cfg.layer_experts else 1
         self.mlp: nn.Module = (GatedMLP(cfg.d_model, cfg.d_mlp, cfg.mlp_act, cfg.mlp_bias) if n_exp == 1
                                else SparseMoE(cfg.d_model, cfg.d_mlp, n_exp, cfg.top_k, cfg.mlp_act))
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_resid_pre(resid)
-        normed = self.ln1(resid)
-        if self.kind == "ssm":
-            out = self.ssm(normed)
-        else:
-            out = self.hook_attn_out(self.attn(normed))
-        return self.after_mixer(resid, out)
 
     def after_mixer(self, resid: Float[Tensor, "batch pos d_model"],
                     mixer_out: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:

@@ -8,20 +8,32 @@ copies of the checkpoint's tensors (the user's HF model is never touched).
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from gather_aggregate.adapters.checkpoint import fill_model, key_problems, read_state_dict
+from gather_aggregate.adapters.checkpoint import (
+    CONV_NAMES,
+    expert_names,
+    fill_model,
+    layer_checkpoint_key,
+    read_state_dict,
+    rename_checked,
+)
 from gather_aggregate.adapters.families import HYBRID_FAMILIES, KNOWN_UNSUPPORTED, get_family
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig
-from gather_aggregate.adapters.streaming import apply_tying, meta_init, parse_dtype, resolve_dtype
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.adapters.streaming import (
+    TensorSource,
+    apply_tying,
+    meta_init,
+    parse_dtype,
+    resolve_dtype,
+)
+from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
 
 
 def _unsupported(model_type: Any) -> UnsupportedModelError:
@@ -41,63 +53,31 @@ def hybrid_config_from_hf(hf_config: Any) -> HybridConfig:
     return cfg
 
 
+_DECODER_PARTS = {"ln1": "input_layernorm", "ln2": "pre_ff_layernorm", "attn": "self_attn", "mlp": "feed_forward",
+                  "ssm": "mamba"}
+_DECODER_RENAMES = {
+    "mlp": expert_names(),
+    "ssm": {**CONV_NAMES, "x_proj.linear.weight": "x_proj.weight", "x_proj.dt_norm.weight": "dt_layernorm.weight",
+            "x_proj.b_norm.weight": "b_layernorm.weight", "x_proj.c_norm.weight": "c_layernorm.weight"}}
+
+
 def decoder_checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     """The HF checkpoint name of one of our parameters in the decoder layout Bamba and Jamba share."""
-    fixed = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.final_layernorm.weight",
-             "unembed.weight": "lm_head.weight"}
-    if ours in fixed:
-        return fixed[ours]
-    m = re.fullmatch(r"blocks\.(\d+)\.(\w+)\.(.+)", ours)
-    if m is None:  # pragma: no cover - every parameter is in a block or fixed
-        return ours
-    i, part, rest = m.groups()
-    pre = f"model.layers.{i}."
-    if part == "ln1":
-        return pre + "input_layernorm." + rest
-    if part == "ln2":
-        return pre + "pre_ff_layernorm." + rest
-    if part == "attn":
-        return pre + "self_attn." + rest
-    if part == "mlp":
-        rest = {"router.weight": "router.weight", "gate_up_proj": "experts.gate_up_proj",
-                "down_proj": "experts.down_proj"}.get(rest, rest) if cfg.layer_experts[int(i)] > 1 else rest
-        return pre + "feed_forward." + rest
-    # ssm
-    rest = {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias", "x_proj.linear.weight": "x_proj.weight",
-            "x_proj.dt_norm.weight": "dt_layernorm.weight", "x_proj.b_norm.weight": "b_layernorm.weight",
-            "x_proj.c_norm.weight": "c_layernorm.weight"}.get(rest, rest)
-    return pre + "mamba." + rest
+    return layer_checkpoint_key(ours, _DECODER_PARTS, _DECODER_RENAMES, final_norm="model.final_layernorm.weight")
 
 
-def convert_state_dict(state_dict: dict[str, Tensor], model: HookedHybrid) -> dict[str, Tensor]:
+def convert_state_dict(state_dict: dict[str, TensorSource], model: HookedHybrid) -> dict[str, TensorSource]:
     """Rename checkpoint tensors to ours; a :class:`CheckpointError` lists every missing/extra/mis-shaped one."""
     cfg = model.cfg
     family = get_family(cfg.model_type)
-    key_of = family.checkpoint_key
-    state_dict = family.prepare_state_dict(state_dict, cfg)
-    ours = dict(model.named_parameters())  # shared (tied) parameters once, under their canonical name
-    by_ckpt = {key_of(k, cfg): k for k in ours}
-    out: dict[str, Tensor] = {}
-    unexpected = []
-    for key, value in state_dict.items():
-        if key == "lm_head.weight" and cfg.tie_embeddings:
-            continue
-        name = by_ckpt.get(key)
-        if name is None:
-            unexpected.append(key)
-        else:
-            out[name] = value
-    missing = sorted(key_of(k, cfg) for k in ours if k not in out)
-    shaped = [f"{key_of(k, cfg)}: checkpoint {tuple(v.shape)} vs expected {tuple(ours[k].shape)}"
-              for k, v in sorted(out.items()) if tuple(v.shape) != tuple(ours[k].shape)]
-    if missing or unexpected or shaped:
-        raise CheckpointError(
+    # shared (tied) parameters once, under their canonical name
+    return rename_checked(
+        family.prepare_state_dict(state_dict, cfg), dict(model.named_parameters()),
+        lambda k: family.checkpoint_key(k, cfg), tied=cfg.tie_embeddings,
+        mismatch=lambda problems: (
             f"checkpoint does not match its {cfg.model_type} config ({cfg.n_layers} layers, layout "
-            f"{cfg.layout}, d_model={cfg.d_model}): "
-            + key_problems(missing, shaped, sorted(unexpected)) + ". Check that config.json belongs to these weights "
-            f"({family.config_fields})."
-        )
-    return out
+            f"{cfg.layout}, d_model={cfg.d_model}): {problems}. Check that config.json belongs to these weights "
+            f"({family.config_fields})."))
 
 
 def build_hybrid(cfg: HybridConfig, state_dict: Any, *, device: Any = None,
@@ -173,7 +153,7 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
     return _with_positions(model, config)
 
 
-def _with_positions(model: Any, config: Any) -> Any:
+def _with_positions(model: HookedHybrid, config: Any) -> HookedHybrid:
     """A hybrid refuses prompts longer than its config's ``max_position_embeddings``, as the bridge does."""
     n = getattr(config, "max_position_embeddings", None)
     model.n_ctx = int(n) if isinstance(n, int) and n > 0 else None

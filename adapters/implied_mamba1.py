@@ -264,7 +264,7 @@ def _mamba1_rows(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, 
                         gap.clamp_min_(0)  # s > t: a growth, not a decay; masked below
                     view.zero_()
                     _nsum(gap, An, cb, view, _buf(pool, "e", shape))
-                    if crosses:
+                    if causal is not None:  # the tile crosses the query rows
                         view.masked_fill_(~causal, 0.0)
                     if dt_scaling:
                         view *= dtT[:, None, s0:s1]
@@ -391,6 +391,7 @@ def _mamba1_full(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, 
             g64 = torch.sub(tq[:, c0:c1, :, None], tq[:, c0:c1, None, :],
                             out=_buf(pool, "g64", shape, torch.float64))
             gap = _buf(pool, "g32", shape).copy_(g64).clamp_min_(0)
+            assert res is not None  # allocated whenever grad is off
             acc = res[:, c0:c1].zero_()
             _nsum(gap, Ac, cb, acc, _buf(pool, "e", shape))
         if grad:

@@ -33,7 +33,6 @@ Hooks: ``hook_embed``, ``blocks.{L}.hook_resid_pre``, ``ln1.hook_normalized``, `
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,19 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import GatedMLP
-from gather_aggregate.adapters.checkpoint import fill_model, key_problems, read_state_dict
+from gather_aggregate.adapters.checkpoint import (
+    CONV_NAMES,
+    fill_model,
+    layer_checkpoint_key,
+    read_state_dict,
+    rename_checked,
+)
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.discrete_mamba2 import DiscreteMamba2Mixer
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
-from gather_aggregate.adapters.streaming import resolve_dtype
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.adapters.streaming import TensorSource, resolve_dtype
+from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
 from gather_aggregate.protocol import LayerInfo
 
 MODEL_TYPE = "llamba"
@@ -168,50 +173,25 @@ class HookedLlamba(HookedSSM):
 
 
 # ------------------------------------------------------------------------------ weights
-_LAYER = re.compile(r"blocks\.(\d+)\.(ln1|ln2|ssm|mlp)\.(.+)")
+_PARTS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "ssm": "mixer", "mlp": "mlp"}
 
 
 def checkpoint_key(ours: str) -> str:
     """The reference checkpoint's name of one of our parameters."""
-    fixed = {"embed.weight": "backbone.embedding.weight", "ln_final.weight": "backbone.final_layernorm.weight",
-             "unembed.weight": "lm_head.weight"}
-    if ours in fixed:
-        return fixed[ours]
-    m = _LAYER.fullmatch(ours)
-    if m is None:  # pragma: no cover - every parameter is in a block or fixed
-        return ours
-    i, part, rest = m.groups()
-    part = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "ssm": "mixer", "mlp": "mlp"}[part]
-    rest = {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias"}.get(rest, rest)
-    return f"backbone.layers.{i}.{part}.{rest}"
+    return layer_checkpoint_key(ours, _PARTS, {"ssm": CONV_NAMES}, final_norm="backbone.final_layernorm.weight",
+                                embed="backbone.embedding.weight", layers="backbone.layers")
 
 
-def convert_state_dict(state_dict: dict[str, Tensor], model: HookedLlamba) -> dict[str, Tensor]:
+def convert_state_dict(state_dict: dict[str, TensorSource], model: HookedLlamba) -> dict[str, TensorSource]:
     """Rename checkpoint tensors to ours; a :class:`CheckpointError` lists every missing/extra/mis-shaped one."""
     cfg = model.cfg
-    ours = dict(model.named_parameters())
-    by_ckpt = {checkpoint_key(k): k for k in ours}
-    out: dict[str, Tensor] = {}
-    unexpected = []
-    for key, value in state_dict.items():
-        if key == "lm_head.weight" and cfg.tie_embeddings:
-            continue
-        name = by_ckpt.get(key)
-        if name is None:
-            unexpected.append(key)
-        else:
-            out[name] = value
-    missing = sorted(checkpoint_key(k) for k in ours if k not in out)
-    shaped = [f"{checkpoint_key(k)}: checkpoint {tuple(v.shape)} vs expected {tuple(ours[k].shape)}"
-              for k, v in sorted(out.items()) if tuple(v.shape) != tuple(ours[k].shape)]
-    if missing or unexpected or shaped:
-        raise CheckpointError(
+    return rename_checked(
+        state_dict, dict(model.named_parameters()), checkpoint_key, tied=cfg.tie_embeddings,
+        mismatch=lambda problems: (
             f"Llamba checkpoint does not match its config ({cfg.n_layers} layers, d_model={cfg.d_model}, "
-            f"{cfg.n_heads} value heads, {cfg.n_groups} qk heads, d_state={cfg.d_state}): "
-            + key_problems(missing, shaped, sorted(unexpected)) + ". Check that config.json belongs to these "
-            "weights (n_layer, d_model, ssm_cfg.n_v_heads/n_qk_heads/d_state/expand/bias, mlp_cfg, tie_embeddings)."
-        )
-    return out
+            f"{cfg.n_heads} value heads, {cfg.n_groups} qk heads, d_state={cfg.d_state}): {problems}. Check that "
+            "config.json belongs to these weights (n_layer, d_model, ssm_cfg.n_v_heads/n_qk_heads/d_state/expand/"
+            "bias, mlp_cfg, tie_embeddings)."))
 
 
 def load_llamba(path: Any, *, device: Any = None, dtype: Any = None, device_map: Any = None,

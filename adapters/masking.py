@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gather_aggregate.adapters.mixers import HasSSMMixers
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import HookedModel
 
@@ -129,9 +130,8 @@ def _layer_hooks(model: HookedModel, layer: int, kind: str, items: list[tuple[in
     idx = [j for _, j in items]
     if kind == "attn":
         return [(f"blocks.{layer}.attn.hook_pattern", _attn_hook(m, hs, idx))]
-    get_mixer = getattr(model, "ssm_mixer", None)
-    mixer = get_mixer(layer) if get_mixer is not None else None
-    if not hasattr(mixer, "masked_output") or not hasattr(mixer, "mask_inputs"):
+    mixer = model.ssm_mixer(layer) if isinstance(model, HasSSMMixers) else None
+    if mixer is None or not hasattr(mixer, "masked_output") or not hasattr(mixer, "mask_inputs"):
         raise InputError(f"layer {layer} of {type(model).__name__} is a recurrent layer without masking; "
                          "mask_heads serves attention, Mamba and gated-DeltaNet heads")
     store: dict[str, Tensor] = {}

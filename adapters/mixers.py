@@ -90,6 +90,15 @@ class SSMMixer(Protocol):
         ...
 
 
+@runtime_checkable
+class HasSSMMixers(Protocol):
+    """A hooked model whose SSM layers each have a mixer (``HookedSSM`` and the hybrids)."""
+
+    def ssm_mixer(self, layer: int) -> Any:
+        """The mixer of SSM layer ``layer`` (an :class:`SSMMixer` for Mamba-style layers)."""
+        ...
+
+
 class _MixerBase(nn.Module):
     cfg: SSMConfig
     A_log: nn.Parameter

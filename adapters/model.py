@@ -29,6 +29,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, make_mixer
 from gather_aggregate.errors import InputError, NonFiniteError
+from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, resolve_rows
 
 #: Default budget (bytes) for implied-attention computations; ``model.max_pattern_bytes`` overrides.
@@ -151,14 +152,6 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         return (self.embed.weight if self.unembed is None else self.unembed.weight).T
 
     # ---- forward -------------------------------------------------------------
-    def _layer_index(self, value: int | None, name: str) -> int | None:
-        if value is None:
-            return None
-        n = self.cfg.n_layers
-        if not isinstance(value, int) or isinstance(value, bool) or not -n <= value <= n:
-            raise InputError(f"{name}={value!r} is out of range: use an int in [-{n}, {n}] (this model has {n} layers)")
-        return value % n if value < 0 else value
-
     def check_resid_input(self, resid: Any, layer: int) -> Tensor:
         """Validate a residual stream fed with ``start_at_layer``: shape, dtype, device, finiteness."""
         if not isinstance(resid, Tensor) or not resid.is_floating_point():
@@ -192,8 +185,8 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         ``L`` (e.g. ``cache['blocks.L.hook_resid_pre']``), so scans can resume
         without re-running the prefix.
         """
-        start = self._layer_index(start_at_layer, "start_at_layer")
-        stop = self._layer_index(stop_at_layer, "stop_at_layer")
+        start = layer_bound(start_at_layer, "start_at_layer", self.cfg.n_layers)
+        stop = layer_bound(stop_at_layer, "stop_at_layer", self.cfg.n_layers)
         if start is not None and stop is not None and stop < start:
             raise InputError(f"stop_at_layer={stop_at_layer} comes before start_at_layer={start_at_layer}")
         if not self.check_finite:
@@ -203,8 +196,7 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
 
     def _forward(self, inp: Any, start: int | None, stop: int | None) -> Tensor:
         if start is None:
-            tokens: Int[Tensor, "batch pos"] = self.validate_tokens(inp)
-            resid = self.hook_embed(self.embed(tokens))
+            resid = self._embed_tokens(self.validate_tokens(inp))
             start = 0
         else:
             resid = self.check_resid_input(inp, start)
@@ -213,6 +205,15 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
             resid = blk(resid)
         if stop is not None:
             return resid
+        return self._logits(resid)
+
+    def _embed_tokens(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """The residual stream entering layer 0 (a family with its own embedding scale or stream overrides it)."""
+        embedded: Tensor = self.hook_embed(self.embed(tokens))
+        return embedded
+
+    def _logits(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        """fp32 logits from the residual stream after the last layer: ``unembed(ln_final(resid))``."""
         h = self.ln_final(resid.to(self.ln_final.weight.dtype))
         W = self.embed.weight if self.unembed is None else self.unembed.weight
         return torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W).float()

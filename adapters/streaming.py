@@ -47,7 +47,7 @@ import math
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import Tensor, nn
@@ -117,6 +117,11 @@ class StackedTensor:
         return out
 
 
+#: A tensor as the converters pass it on: in memory, or a checkpoint reference read only when copied.  Code that
+#: needs the values calls :func:`load_source` (mypy flags a tensor method called on a reference).
+TensorSource: TypeAlias = "Tensor | StoredTensor | StackedTensor"
+
+
 def copy_source(src: Any, dest: Tensor) -> None:
     """Copy a :class:`StoredTensor`, :class:`StackedTensor` or in-memory tensor into ``dest``."""
     if isinstance(src, Tensor):
@@ -126,7 +131,7 @@ def copy_source(src: Any, dest: Tensor) -> None:
         src.copy_into(dest)
 
 
-def load_source(src: Any, dtype: torch.dtype | None = None) -> Tensor:
+def load_source(src: TensorSource, dtype: torch.dtype | None = None) -> Tensor:
     """A CPU tensor holding ``src`` (a reference is read; a tensor is returned as it is)."""
     return src if isinstance(src, Tensor) else src.load(dtype)
 
@@ -471,5 +476,5 @@ def materialize(model: nn.Module, sources: Mapping[str, Any], *, dtype: torch.dt
     return model.eval()
 
 
-__all__ = ["parse_dtype", "meta_init", "Checkpoint", "StoredTensor", "StackedTensor", "materialize", "resolve_dtype", "apply_tying",
+__all__ = ["parse_dtype", "meta_init", "Checkpoint", "StoredTensor", "StackedTensor", "TensorSource", "materialize", "resolve_dtype", "apply_tying",
            "tensors_equal", "copy_source", "weight_files", "config_dtype"]

@@ -44,6 +44,14 @@ def _targets(model: HookedModel, clean_z: dict[int, Tensor], by_layer: dict[int,
     return out
 
 
+def add_probe(probes: dict[int, Tensor], layer: int, x: Tensor) -> Tensor:
+    """``x + p`` with ``p = 0`` requiring grad, kept as ``probes[layer]``: ``∂M/∂p`` is the metric's gradient
+    with respect to ``x`` (a hook returns this to read it in the backward pass)."""
+    p = torch.zeros_like(x, requires_grad=True)
+    probes[layer] = p
+    return x + p
+
+
 def path_gradients(model: HookedModel, tokens: Tensor, metric: Metric, targets: dict[int, tuple[Tensor, Tensor]],
                    alphas: Sequence[float], extra_hooks: Sequence[tuple[str, Callable]] = (),
                    extra_inputs: Callable[[], list[Tensor]] | None = None,
@@ -69,9 +77,7 @@ def path_gradients(model: HookedModel, tokens: Tensor, metric: Metric, targets: 
             step = (target[None].to(z.dtype) - zk) * mask.to(z.dtype)
             steps[layer] = step.detach()
             scale = a.to(z.device, z.dtype).reshape(k, *([1] * (zk.dim() - 1)))
-            p = torch.zeros_like(z, requires_grad=True)
-            probes[layer] = p
-            return (zk + scale * step).reshape(z.shape) + p
+            return add_probe(probes, layer, (zk + scale * step).reshape(z.shape))
 
         return hook
 

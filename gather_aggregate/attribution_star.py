@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.attribution_paths import _estimates, path_gradients
+from gather_aggregate.attribution_paths import _estimates, add_probe, path_gradients
 from gather_aggregate.protocol import Head, HookedModel
 
 
@@ -145,9 +145,7 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
         def hook(z: Tensor, hook: Any) -> Tensor:
             zk = z.reshape(n, batch, *z.shape[1:])
             steps[layer] = ((target[None].to(z.dtype) - zk) * mask.to(z.dtype)).detach()
-            p = torch.zeros_like(z, requires_grad=True)
-            probes[layer] = p
-            return z + p
+            return add_probe(probes, layer, z)
 
         return hook
 
@@ -194,9 +192,7 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
     def pattern_probe(layer: int) -> Callable:
         def hook(a: Tensor, hook: Any) -> Tensor:
             patterns[layer] = a.detach()
-            p = torch.zeros_like(a, requires_grad=True)
-            probes[layer] = p
-            return a + p
+            return add_probe(probes, layer, a)
 
         return hook
 

@@ -117,7 +117,7 @@ def bottleneck(model: HookedModel, ga: Any, sets: Mapping[str, Sequence[Any]], c
     The sets come from :func:`candidate_sets` (pattern scores and the scan,
     never hand-picked indices); with no named head the claim fails honestly.
     """
-    tried = []
+    tried: list[dict[str, Any]] = []
     for rule, heads in candidate_sets(ga, z, max_k):
         acc = ablated_accuracies(model, heads, sets)
         tried.append({"rule": rule, "heads": [list(h) for h in heads], **acc,

@@ -32,10 +32,13 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import ClusterUnreachableError, InputError, ResumeMismatchError
 from gather_aggregate.io import write_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.protocol import HookedModel
 
 Rows = list[dict[str, Any]]
 
@@ -229,7 +232,7 @@ def _resume_rows(path: Path, meta: dict[str, Any]) -> tuple[Rows, set[str]]:
 
 
 # ---- models on workers ------------------------------------------------------------------------------------
-def model_loader(model: Any) -> Callable[[], Any]:
+def model_loader(model: str | Path | Callable[[], HookedModel] | HookedModel) -> Callable[[], Any]:
     """A picklable loader that rebuilds ``model`` in a worker: a directory / hub name, a callable, or a model
     returned by :func:`gather_aggregate.load_model` (which records how it was loaded)."""
     import functools

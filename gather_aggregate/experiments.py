@@ -21,7 +21,7 @@ from gather_aggregate.interventions import (
     make_replacement,
     resample_hooks,
 )
-from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.protocol import Head, HookedModel, LayerKind
 
 Evaluator = Callable[[Any, Sequence[Any], Any], float]  # (model, examples, hooks or a batch -> hooks factory)
 
@@ -89,7 +89,7 @@ def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[st
 
 
 def keep_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
-              kinds: Sequence[str] | None = None, method: Method = "zero", reference: Any = None,
+              kinds: Sequence[LayerKind] | None = None, method: Method = "zero", reference: Any = None,
               evaluator: Evaluator | None = None) -> dict[str, Any]:
     """Evaluate with every head (of ``kinds``, default all kinds) ablated except ``heads``."""
     removed = heads_except(model, heads, kinds)

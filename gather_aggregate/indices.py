@@ -36,3 +36,16 @@ def as_index(x: Any, what: str) -> int:
         return operator.index(x)
     except TypeError:
         raise InputError(f"{what} must be an integer, got {x!r} ({type(x).__name__})") from None
+
+
+def layer_bound(value: int | None, name: str, n_layers: int) -> int | None:
+    """``start_at_layer`` / ``stop_at_layer`` (``name``) as a layer in ``[0, n_layers]``; ``None`` stays ``None``.
+
+    ``-n_layers <= value <= n_layers``; a negative value counts from the end.
+    """
+    if value is None:
+        return None
+    n = n_layers
+    if not isinstance(value, int) or isinstance(value, bool) or not -n <= value <= n:
+        raise InputError(f"{name}={value!r} is out of range: use an int in [-{n}, {n}] (this model has {n} layers)")
+    return value % n if value < 0 else value

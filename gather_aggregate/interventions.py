@@ -38,7 +38,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.protocol import Head, HookedModel, LayerKind
 
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
@@ -229,7 +229,7 @@ def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], metho
         return model(tokens)
 
 
-def heads_except(model: HookedModel, keep: Sequence[Head], kinds: Sequence[str] | None = None) -> list[Head]:
+def heads_except(model: HookedModel, keep: Sequence[Head], kinds: Sequence[LayerKind] | None = None) -> list[Head]:
     """Every head (of ``kinds``) not in ``keep``: the complement for keep-only experiments."""
     keep_set = set(model.check_head_set(keep)) if keep else set()
     return [hd for hd in model.all_heads(kinds) if hd not in keep_set]

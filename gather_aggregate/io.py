@@ -106,6 +106,17 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
+def read_json(path: Path, error: type[Exception], missing: str, invalid: str) -> Any:
+    """The JSON in ``path``; a missing file raises ``error(missing)``, invalid JSON ``error`` naming the file,
+    the parser's complaint and ``invalid`` (what to do about it)."""
+    if not path.is_file():
+        raise error(missing)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise error(f"{path} is not valid JSON ({err}); {invalid}") from None
+
+
 def out_dir(out: str | os.PathLike[str] | None, default: str) -> Path:
     """The output directory ``out`` (or ``default``), created and checked writable; a clear error if it is not."""
     path = Path(out or default)

@@ -456,13 +456,13 @@ def gather_rows(full: Float[Tensor, "batch head query key"], rows: Tensor | None
     return full.gather(2, idx)
 
 
-def param_checksum(model: Any) -> str:
+def param_checksum(model: torch.nn.Module | HookedModel) -> str:
     """SHA-256 over every parameter and buffer (used to prove analyses never mutate a model)."""
     import hashlib
 
     import torch
 
-    module = getattr(model, "module", model)
+    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
     h = hashlib.sha256()
     for name, t in sorted(list(module.state_dict().items()), key=lambda kv: kv[0]):
         h.update(name.encode())
@@ -471,7 +471,7 @@ def param_checksum(model: Any) -> str:
     return h.hexdigest()
 
 
-def count_hooks(model: Any) -> int:
+def count_hooks(model: torch.nn.Module | HookedModel) -> int:
     """Number of hook functions currently attached to the model's ``HookPoint``s.
 
     (TransformerLens' bridge keeps a few internal torch hooks on its own
@@ -479,7 +479,7 @@ def count_hooks(model: Any) -> int:
     """
     from transformer_lens.hook_points import HookPoint
 
-    module = getattr(model, "module", model)
+    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
     n = 0
     for m in module.modules():
         if isinstance(m, HookPoint):
@@ -488,10 +488,10 @@ def count_hooks(model: Any) -> int:
     return n
 
 
-def device_of(model: Any) -> torch.device:
+def device_of(model: torch.nn.Module | HookedModel) -> torch.device:
     import torch
 
-    module = getattr(model, "module", model)
+    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
     for p in module.parameters():
         return p.device
     return torch.device("cpu")

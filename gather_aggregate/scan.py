@@ -85,7 +85,7 @@ class ScanResult:
 def model_fingerprint(model: HookedModel) -> str:
     """Cheap identity of a model: its layer layout and a sample of every parameter."""
     h = hashlib.sha256(repr([(i.kind, i.n_heads, i.d_head) for i in model.layers]).encode())
-    module = getattr(model, "module", model)
+    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
     for name, p in module.named_parameters():
         flat = p.detach().reshape(-1)
         h.update(name.encode())
@@ -201,14 +201,8 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     batch = tokens.shape[0]
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
                            n_pos=tokens.shape[1], inputs=tokens)
-    meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
-            "model": model_fingerprint(model),
-            "task": task_fingerprint(tokens, metric, {"method": method, "per_position": per_position, "seed": seed}),
-            "complete": False}
-    rows: list[dict[str, Any]] = []
-    if out is not None and resume and Path(out).is_file():
-        rows = _load_resume(Path(out), meta)
-    done = {(r["layer"], r["head"]) for r in rows}
+    meta = _exact_meta(model, tokens, metric, method, per_position, seed)
+    rows, done = _resumed(out, resume, meta)
     rows = [r for r in rows if (r["layer"], r["head"]) in set(heads)]
     todo = [hd for hd in heads if hd not in done]
 
@@ -233,10 +227,7 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
                     continue
                 logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
                                                     lambda e, cur: rep.values(e.layer, e.head, cur), readout)
-                for i, e in enumerate(chunk):
-                    m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]),
-                                      f"head L{e.layer}H{e.head}")
-                    rows.append(_row(model, e.layer, e.head, clean, m))
+                rows.extend(_chunk_rows(model, chunk, logits, metric, readout, clean, batch))
                 bar.update(len(chunk))
                 if out is not None:
                     ScanResult(rows, meta).ranked().save(out)
@@ -246,6 +237,30 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     if out is not None:
         result.save(out)
     return result
+
+
+def _exact_meta(model: HookedModel, tokens: Tensor, metric: Any, method: Any, per_position: bool,
+                seed: int) -> dict[str, Any]:
+    """An exact scan table's metadata: how it was made, and the fingerprints a resume checks."""
+    how = {"method": method, "per_position": per_position, "seed": seed}
+    return {"mode": "exact", **how, "model": model_fingerprint(model),
+            "task": task_fingerprint(tokens, metric, dict(how)), "complete": False}
+
+
+def _resumed(out: str | Path | None, resume: bool, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], set[Head]]:
+    """With ``resume`` and a table at ``out`` (checked against ``meta``): its rows and the heads they cover."""
+    rows = _load_resume(Path(out), meta) if out is not None and resume and Path(out).is_file() else []
+    return rows, {(r["layer"], r["head"]) for r in rows}
+
+
+def _chunk_rows(model: HookedModel, chunk: list[Edit], logits: Tensor, metric: Metric,
+                readout: ReadoutMetric | None, clean: float, batch: int) -> list[dict[str, Any]]:
+    """The table rows of one stacked forward: copy ``i`` (rows ``i·batch`` ...) has ``chunk[i]`` ablated."""
+    rows = []
+    for i, e in enumerate(chunk):
+        m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]), f"head L{e.layer}H{e.head}")
+        rows.append(_row(model, e.layer, e.head, clean, m))
+    return rows
 
 
 # ---- the exact scan sharded over Ray workers (gather_aggregate.distributed) -------------------------------
@@ -277,15 +292,8 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     model = _as_model(model)
     loader = model_loader(model)
     tokens, heads = _prepare(model, tokens, heads, metric)
-    meta = {"mode": "exact", "method": method, "per_position": per_position, "seed": seed,
-            "model": model_fingerprint(model),
-            "task": task_fingerprint(tokens, metric, {"method": method, "per_position": per_position,
-                                                               "seed": seed}),
-            "complete": False}
-    rows: list[dict[str, Any]] = []
-    if out is not None and resume and Path(out).is_file():
-        rows = _load_resume(Path(out), meta)
-    done = {(r["layer"], r["head"]) for r in rows}
+    meta = _exact_meta(model, tokens, metric, method, per_position, seed)
+    rows, done = _resumed(out, resume, meta)
     per_fwd = max(1, (max_rows or default_max_rows(model)) // tokens.shape[0])
     todo = [(la, h) for la, hs in group_by_layer([hd for hd in heads if hd not in done]).items() for h in hs]
     n_shards = max(1, num_workers * shards_per_worker)

@@ -32,7 +32,22 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
 
 
-class PlantedModel(HookedRootModule, ProtocolMixin):
+class HookedPatterns:
+    """For the planted models: ``run_with_cache`` returns an ``ActivationCache`` and ``pattern`` reads each
+    layer's ``blocks.{L}.attn.hook_pattern`` (put it first among the bases)."""
+
+    def run_with_cache(self, *args: Any, **kwargs: Any):
+        logits, cache = super().run_with_cache(*args, **kwargs)
+        return logits, ActivationCache(cache, self)
+
+    def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
+        name = f"blocks.{info.index}.attn.hook_pattern"
+        _, cache = self.run_with_cache(self.validate_tokens(tokens_or_cache), names_filter=[name])
+        full = cache[name][:, heads]
+        return gather_rows(full, resolve_rows(rows, full.shape[0], full.shape[-1]))
+
+
+class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
     def __init__(self, tokenizer: Any, rules: list[list[str]], d_model: int = 16, d_head: int = 4, seed: int = 0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
@@ -114,13 +129,3 @@ class PlantedModel(HookedRootModule, ProtocolMixin):
             z = self.hooks_z[i](torch.einsum("bhqk,bkhe->bqhe", pat, v))
             x = self.hooks_resid_post[i](x + torch.einsum("bqhe,hed->bqd", z, self.W_O[i]))
         return x @ self.embed.T
-
-    def run_with_cache(self, *args: Any, **kwargs: Any):
-        logits, cache = super().run_with_cache(*args, **kwargs)
-        return logits, ActivationCache(cache, self)
-
-    def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
-        name = f"blocks.{info.index}.attn.hook_pattern"
-        _, cache = self.run_with_cache(self.validate_tokens(tokens_or_cache), names_filter=[name])
-        full = cache[name][:, heads]
-        return gather_rows(full, resolve_rows(rows, full.shape[0], full.shape[-1]))

@@ -22,17 +22,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from planted import HookedPatterns
 from torch import Tensor, nn
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin
 
 DISTRACTORS = ("prev", "uniform", "sink", "self", "first_line")
 
 
-class CircuitModel(HookedRootModule, ProtocolMixin):
+class CircuitModel(HookedPatterns, HookedRootModule, ProtocolMixin):
     def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, fmt: str = "kv",
                  read: str = "delim", values: list[str] | None = None, beta: float = 60.0, gain: float = 30.0,
                  noise: float = 0.02):
@@ -169,16 +169,6 @@ class CircuitModel(HookedRootModule, ProtocolMixin):
                     out[..., 3 * V:] += self.noise * zh
             x = x + out
         return self.gain * x[..., 3 * V:]
-
-    def run_with_cache(self, *args: Any, **kwargs: Any):
-        logits, cache = super().run_with_cache(*args, **kwargs)
-        return logits, ActivationCache(cache, self)
-
-    def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
-        name = f"blocks.{info.index}.attn.hook_pattern"
-        _, cache = self.run_with_cache(self.validate_tokens(tokens_or_cache), names_filter=[name])
-        full = cache[name][:, heads]
-        return gather_rows(full, resolve_rows(rows, full.shape[0], full.shape[-1]))
 
 
 def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int,

@@ -302,6 +302,18 @@ def test_masking_runs_on_both_head_kinds(saved):
     assert count_hooks(model) == 0
 
 
+def _assert_missing_keys_listed(model, sd, drop):
+    """Building the model from ``sd`` without the checkpoint keys ``drop`` fails naming each of them."""
+    from gather_aggregate.adapters.hybrid_convert import build_hybrid
+
+    for k in drop:
+        del sd[k]
+    with pytest.raises(errors.CheckpointError) as exc:
+        build_hybrid(model.cfg, sd)
+    for k in drop:
+        assert k in str(exc.value)
+
+
 def test_bad_input(saved, tmp_path):
     hf, model, d = saved
     if model.cfg.model_type == "zamba2":
@@ -317,14 +329,7 @@ def test_bad_input(saved, tmp_path):
     attn = model.cfg.attn_layers[0]
     ssm = model.cfg.ssm_layers[0]
     drop = [f"model.layers.{attn}.self_attn.q_proj.weight", f"model.layers.{ssm}.mamba.A_log"]
-    for k in drop:
-        del sd[k]
-    from gather_aggregate.adapters.hybrid_convert import build_hybrid
-
-    with pytest.raises(errors.CheckpointError) as exc:
-        build_hybrid(model.cfg, sd)
-    for k in drop:
-        assert k in str(exc.value)
+    _assert_missing_keys_listed(model, sd, drop)
 
 
 def test_unsupported_hybrid_layouts_name_the_supported_ones(tmp_path):
@@ -350,7 +355,6 @@ def test_unsupported_hybrid_layouts_name_the_supported_ones(tmp_path):
 def test_zamba2_missing_lora_and_shared_weights_are_listed(saved):
     from safetensors.torch import load_file
 
-    from gather_aggregate.adapters.hybrid_convert import build_hybrid
 
     hf, model, d = saved
     if model.cfg.model_type != "zamba2":
@@ -359,12 +363,7 @@ def test_zamba2_missing_lora_and_shared_weights_are_listed(saved):
     drop = ["model.layers.1.shared_transformer.self_attn.linear_q_adapter_list.0.1.weight",
             "model.layers.3.shared_transformer.feed_forward.gate_up_proj_adapter_list.1.0.weight",
             "model.layers.3.shared_transformer.self_attn.o_proj.weight", "model.layers.3.linear.weight"]
-    for k in drop:
-        del sd[k]
-    with pytest.raises(errors.CheckpointError) as exc:
-        build_hybrid(model.cfg, sd)
-    for k in drop:
-        assert k in str(exc.value)
+    _assert_missing_keys_listed(model, sd, drop)
     # a resumed forward needs the packed state, and says so
     tokens = _tokens(model, n=1, L=5)
     _, cache = model.run_with_cache(tokens)

@@ -240,20 +240,14 @@ class HookedFalconH1(HookedHybrid):
         """The Mamba-2 mixer of ``layer`` (every layer has one)."""
         return HookedSSM.ssm_mixer(self, layer)
 
-    def _forward(self, inp: Any, start: int | None, stop: int | None) -> Tensor:
-        x = self.cfg.extra
-        if start is None:
-            resid = self.hook_embed(self.embed(self.validate_tokens(inp)) * x["embedding_multiplier"])
-            start = 0
-        else:
-            resid = self.check_resid_input(inp, start)
-        for blk in self.blocks[start:self.cfg.n_layers if stop is None else stop]:
-            resid = blk(resid)
-        if stop is not None:
-            return resid
+    def _embed_tokens(self, tokens: Tensor) -> Tensor:
+        embedded: Tensor = self.hook_embed(self.embed(tokens) * self.cfg.extra["embedding_multiplier"])
+        return embedded
+
+    def _logits(self, resid: Tensor) -> Tensor:
         h = self.ln_final(resid)
         W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return (F.linear(h.to(W.dtype), W) * x["lm_head_multiplier"]).float()
+        return (F.linear(h.to(W.dtype), W) * self.cfg.extra["lm_head_multiplier"]).float()
 
     def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
         L = self.check_layer(layer).index

@@ -27,11 +27,13 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from gather_aggregate.adapters.attention import Attention, activation
+from gather_aggregate.adapters.attention import activation, mix_experts
+from gather_aggregate.adapters.checkpoint import CONV_NAMES, expert_names, layer_checkpoint_key
 from gather_aggregate.adapters.families import HybridFamily
-from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
-from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.streaming import TensorSource
 
 MODEL_TYPE = "granitemoehybrid"
 
@@ -93,43 +95,19 @@ class GraniteMLP(nn.Module):
         top_l, top_i = logits.topk(self.top_k, dim=-1)
         weights = torch.zeros_like(logits).scatter(-1, top_i, torch.softmax(top_l, dim=-1))
         weights = self.hook_expert_weights(weights.to(x.dtype))
-        out = torch.zeros_like(x)
-        for e in range(self.n_experts):
-            sel = weights[..., e] != 0
-            if bool(sel.any()):
-                gate, up = F.linear(x[sel], self.gate_up_proj[e]).chunk(2, dim=-1)
-                out[sel] = out[sel] + F.linear(self.act(gate) * up, self.down_proj[e]) * weights[..., e][sel][:, None]
-        return out + shared
+        return mix_experts(x, weights, self.gate_up_proj, self.down_proj, self.act) + shared
 
 
-class GraniteBlock(nn.Module):
+class GraniteBlock(MixerBlock):
     """``r += m · mixer(ln1(r)); r += m · mlp(ln2(r))`` with ``m = residual_multiplier``."""
 
     def __init__(self, cfg: HybridConfig, layer: int) -> None:
-        super().__init__()
-        self.kind = cfg.layer_kinds[layer]
+        super().__init__(cfg, layer)
         self.mult = cfg.extra["residual_multiplier"]
-        self.hook_resid_pre = HookPoint()
-        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if self.kind == "ssm":
-            self.ssm = make_mixer(cfg)
-        else:
-            self.attn = Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
-                                  scale=cfg.attn_scale, rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta,
-                                  qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias)
-            self.hook_attn_out = HookPoint()
-        self.hook_mixer_out = HookPoint()
-        self.hook_resid_mid = HookPoint()
         self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = GraniteMLP(cfg)
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_resid_pre(resid)
-        normed = self.ln1(resid)
-        out = self.ssm(normed) if self.kind == "ssm" else self.hook_attn_out(self.attn(normed))
-        return self.after_mixer(resid, out)
 
     def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         """The rest of the block once the mixer has run."""
@@ -143,20 +121,14 @@ class HookedGraniteHybrid(HookedHybrid):
     def _make_blocks(self, cfg: HybridConfig) -> nn.ModuleList:  # type: ignore[override]
         return nn.ModuleList([GraniteBlock(cfg, i) for i in range(cfg.n_layers)])
 
-    def _forward(self, inp: Any, start: int | None, stop: int | None) -> Tensor:
-        x = self.cfg.extra
-        if start is None:
-            resid = self.hook_embed(self.embed(self.validate_tokens(inp)) * x["embedding_multiplier"])
-            start = 0
-        else:
-            resid = self.check_resid_input(inp, start)
-        for blk in self.blocks[start:self.cfg.n_layers if stop is None else stop]:
-            resid = blk(resid)
-        if stop is not None:
-            return resid
+    def _embed_tokens(self, tokens: Tensor) -> Tensor:
+        embedded: Tensor = self.hook_embed(self.embed(tokens) * self.cfg.extra["embedding_multiplier"])
+        return embedded
+
+    def _logits(self, resid: Tensor) -> Tensor:
         h = self.ln_final(resid)
         W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return (F.linear(h.to(W.dtype), W) / x["logits_scaling"]).float()
+        return (F.linear(h.to(W.dtype), W) / self.cfg.extra["logits_scaling"]).float()
 
 
 # ------------------------------------------------------------------------------ weights
@@ -165,29 +137,20 @@ _ON_DISK = {"block_sparse_moe.input_linear.weight": "block_sparse_moe.experts.ga
             "block_sparse_moe.router.layer.weight": "block_sparse_moe.router.weight"}
 
 
+_PARTS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn": "self_attn", "ssm": "mamba",
+          "mlp": "block_sparse_moe"}
+_RENAMES = {"ssm": CONV_NAMES, "mlp": expert_names()}
+_SHARED_MLP = re.compile(r"blocks\.\d+\.mlp\.(input|output)_linear\..+")
+
+
 def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
-    fixed = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight",
-             "unembed.weight": "lm_head.weight"}
-    if ours in fixed:
-        return fixed[ours]
-    m = re.fullmatch(r"blocks\.(\d+)\.(\w+)\.(.+)", ours)
-    if m is None:  # pragma: no cover
-        return ours
-    i, part, rest = m.groups()
-    pre = f"model.layers.{i}."
-    if part in ("ln1", "ln2"):
-        return pre + ("input_layernorm." if part == "ln1" else "post_attention_layernorm.") + rest
-    if part == "attn":
-        return pre + "self_attn." + rest
-    if part == "ssm":
-        return pre + "mamba." + {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias"}.get(rest, rest)
-    if rest.startswith(("input_linear", "output_linear")):
-        return pre + "shared_mlp." + rest
-    return pre + "block_sparse_moe." + {"router.weight": "router.weight", "gate_up_proj": "experts.gate_up_proj",
-                                        "down_proj": "experts.down_proj"}[rest]
+    """The HF checkpoint name of one of our parameters (the MLP's shared half is HF's ``shared_mlp``)."""
+    if _SHARED_MLP.fullmatch(ours):
+        return layer_checkpoint_key(ours, {**_PARTS, "mlp": "shared_mlp"})
+    return layer_checkpoint_key(ours, _PARTS, _RENAMES)
 
 
-def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
+def prepare_state_dict(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
     """The on-disk MoE names (``block_sparse_moe.input_linear`` / ``output_linear`` / ``router.layer``) -> HF's."""
     out = {}
     for key, value in state_dict.items():

@@ -10,13 +10,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gather_aggregate.adapters.checkpoint import stack_experts
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, decoder_fields
 from gather_aggregate.adapters.hybrid_convert import decoder_checkpoint_key
 from gather_aggregate.adapters.mixers import Mamba1Mixer
-from gather_aggregate.adapters.streaming import StackedTensor
+from gather_aggregate.adapters.streaming import TensorSource
 
 
 def jamba_config_from_hf(hf_config: Any) -> HybridConfig:
@@ -36,18 +37,6 @@ def jamba_config_from_hf(hf_config: Any) -> HybridConfig:
     ).validate()
 
 
-class JambaMamba1Mixer(Mamba1Mixer):
-    """Jamba's Mamba-1 mixer: :class:`Mamba1Mixer` with *weighted* RMSNorms on dt (low rank), B and C.
-
-    Implemented by wrapping ``x_proj``: its output ``[dt_low | B | C]`` is normalised
-    piecewise before the shared Mamba-1 code splits it, so no mixer code is duplicated.
-    """
-
-    def __init__(self, cfg: SSMConfig) -> None:
-        super().__init__(cfg)
-        self.x_proj = _NormedXProj(self.x_proj, cfg)
-
-
 class _NormedXProj(nn.Module):
     def __init__(self, linear: nn.Linear, cfg: SSMConfig) -> None:
         super().__init__()
@@ -60,6 +49,20 @@ class _NormedXProj(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         dt, B, C = self.linear(x).split(self.sizes, dim=-1)
         return torch.cat([self.dt_norm(dt), self.b_norm(B), self.c_norm(C)], dim=-1)
+
+
+class JambaMamba1Mixer(Mamba1Mixer):
+    """Jamba's Mamba-1 mixer: :class:`Mamba1Mixer` with *weighted* RMSNorms on dt (low rank), B and C.
+
+    Implemented by wrapping ``x_proj``: its output ``[dt_low | B | C]`` is normalised
+    piecewise before the shared Mamba-1 code splits it, so no mixer code is duplicated.
+    """
+
+    x_proj: nn.Module  # the base mixer's Linear, then the wrapper around it
+
+    def __init__(self, cfg: SSMConfig) -> None:
+        super().__init__(cfg)
+        self.x_proj = _NormedXProj(self.x_proj, cfg)
 
 
 class _PlainRMSNorm(nn.Module):
@@ -84,32 +87,15 @@ class HookedJamba(HookedHybrid):
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def fuse_experts(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
+def fuse_experts(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
     """Per-expert MoE tensors (the on-disk Jamba layout) -> the fused in-memory layout.
 
     ``experts.{e}.gate_proj/up_proj.weight`` -> ``experts.gate_up_proj[e] = [gate; up]``,
     ``experts.{e}.down_proj.weight`` -> ``experts.down_proj[e]``.  Incomplete sets are
     left as they are (the converter then reports them).
     """
-    groups: dict[str, dict[tuple[int, str], str]] = {}
-    for key in state_dict:
-        m = _EXPERT.match(key)
-        if m:
-            groups.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = key
-    if not groups:
-        return state_dict
-    out = dict(state_dict)
-    for prefix, parts in groups.items():
-        n = 1 + max(e for e, _ in parts)
-        if len(parts) != 3 * n:
-            continue
-        # lazy: the fused tensors are written straight into the parameter when it is materialised
-        out[prefix + ".gate_up_proj"] = StackedTensor(
-            [[state_dict[parts[(e, "gate_proj")]], state_dict[parts[(e, "up_proj")]]] for e in range(n)])
-        out[prefix + ".down_proj"] = StackedTensor([[state_dict[parts[(e, "down_proj")]]] for e in range(n)])
-        for key in parts.values():
-            del out[key]
-    return out
+    return stack_experts(state_dict, _EXPERT, {"gate_up_proj": ("gate_proj", "up_proj"),
+                                               "down_proj": ("down_proj",)})
 
 
 FAMILY = HybridFamily("jamba", jamba_config_from_hf, HookedJamba, decoder_checkpoint_key, fuse_experts)

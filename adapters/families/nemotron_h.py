@@ -26,11 +26,12 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention
+from gather_aggregate.adapters.checkpoint import stack_experts
 from gather_aggregate.adapters.families import HybridFamily
-from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig
-from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
-from gather_aggregate.adapters.streaming import StackedTensor
+from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.streaming import TensorSource
 from gather_aggregate.errors import UnsupportedModelError
 
 MODEL_TYPE = "nemotron_h"
@@ -177,29 +178,19 @@ class FFNLayer(nn.Module):
         return self.hook_resid_post(resid + self.hook_out(self.mlp(self.ln(resid))))
 
 
-class NemotronHBlock(nn.Module):
+def _attention(cfg: HybridConfig) -> Attention:
+    return Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
+                     scale=cfg.attn_scale)
+
+
+class NemotronHBlock(MixerBlock):
     """One protocol layer: a mixer HF layer and the MLP/MoE HF layers folded after it."""
 
     def __init__(self, cfg: HybridConfig, layer: int) -> None:
-        super().__init__()
-        self.kind = cfg.layer_kinds[layer]
-        self.hook_resid_pre = HookPoint()
-        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if self.kind == "ssm":
-            self.ssm = make_mixer(cfg)
-        else:
-            self.attn = Attention(cfg.d_model, cfg.d_model, cfg.attn_n_heads, cfg.attn_n_kv_heads, cfg.attn_d_head,
-                                  scale=cfg.attn_scale)
-            self.hook_attn_out = HookPoint()
-        self.hook_mixer_out, self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+        super().__init__(cfg, layer, attn=_attention)
+        self.hook_resid_post = HookPoint()
         types = cfg.extra["hf_types"]
         self.ffns = nn.ModuleList([FFNLayer(cfg, types[i]) for i in cfg.extra["hf_layers"][layer][1:]])
-
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_resid_pre(resid)
-        normed = self.ln1(resid)
-        out = self.ssm(normed) if self.kind == "ssm" else self.hook_attn_out(self.attn(normed))
-        return self.after_mixer(resid, out)
 
     def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         """The rest of the protocol layer once the mixer has run: residual add, then each folded MLP/MoE layer."""
@@ -241,30 +232,13 @@ def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
 
 
-def stack_experts(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The on-disk per-expert layout (``experts.{e}.up_proj.weight``) -> the stacked ``experts.up_proj``."""
-    parts: dict[tuple[str, str], dict[int, str]] = {}
-    for key in state_dict:
-        m = _EXPERT.match(key)
-        if m:
-            parts.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = key
-    out = dict(state_dict)
-    for (prefix, name), keys in parts.items():
-        if sorted(keys) == list(range(len(keys))):  # complete sets only; the converter reports the rest
-            experts = [state_dict[keys[e]] for e in range(len(keys))]
-            # in memory: stack now; from a checkpoint (lazily read tensors): stream each expert into the parameter
-            out[f"{prefix}.{name}"] = (torch.stack(experts) if all(isinstance(x, Tensor) for x in experts)
-                                       else StackedTensor([[x] for x in experts]))
-            for key in keys.values():
-                del out[key]
-    return out
-
-
-def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
-    """Experts stacked, the original ``backbone.`` prefix renamed ``model.``, ``mtp.*`` dropped; HF's NemotronH keeps
-    its own ``lm_head`` even when ``tie_word_embeddings`` is set, and so does the hooked model."""
+def prepare_state_dict(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
+    """Experts stacked (lazily: each expert is written into the parameter), the original ``backbone.`` prefix
+    renamed ``model.``, ``mtp.*`` dropped; HF's NemotronH keeps its own ``lm_head`` even when
+    ``tie_word_embeddings`` is set, and so does the hooked model."""
     out = {}
-    for key, value in stack_experts(state_dict).items():
+    stacked = stack_experts(state_dict, _EXPERT, {"up_proj": ("up_proj",), "down_proj": ("down_proj",)})
+    for key, value in stacked.items():
         if not key.startswith("mtp."):
             out["model." + key[len("backbone."):] if key.startswith("backbone.") else key] = value
     return out

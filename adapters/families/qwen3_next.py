@@ -18,11 +18,9 @@ attention (:mod:`.delta_rule`) on DeltaNet layers, which reconstructs ``hook_y =
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.ActivationCache import ActivationCache
@@ -31,17 +29,19 @@ from transformer_lens.hook_points import HookPoint
 from gather_aggregate.adapters.attention import (
     Attention,
     GatedMLP,
-    activation,
+    SparseMoE,
     apply_rope,
     default_inv_freq,
     rope_cos_sin,
 )
+from gather_aggregate.adapters.checkpoint import CONV_NAMES, expert_names, layer_checkpoint_key
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.families.jamba import fuse_experts
 from gather_aggregate.adapters.gated_deltanet import GatedDeltaNetMixer
-from gather_aggregate.adapters.hybrid import HookedHybrid
+from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.streaming import TensorSource
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import LayerInfo, resolve_rows
 
@@ -91,36 +91,18 @@ class GatedAttention(Attention):
         return self.o_proj(z.reshape(b, L, H * d))
 
 
-class SharedExpertMoE(nn.Module):
+class SharedExpertMoE(SparseMoE):
     """Top-k experts (softmax router in fp32, weights renormalised when ``norm_topk``) plus a shared expert
     scaled by ``sigmoid(shared_expert_gate(x))`` (HF ``Qwen3NextSparseMoeBlock``)."""
 
     def __init__(self, d_model: int, d_expert: int, d_shared: int, n_experts: int, top_k: int, norm_topk: bool,
                  act: str) -> None:
-        super().__init__()
-        self.n_experts, self.top_k, self.norm_topk = n_experts, top_k, norm_topk
-        self.router = nn.Linear(d_model, n_experts, bias=False)
-        self.gate_up_proj = nn.Parameter(torch.zeros(n_experts, 2 * d_expert, d_model))
-        self.down_proj = nn.Parameter(torch.zeros(n_experts, d_model, d_expert))
+        super().__init__(d_model, d_expert, n_experts, top_k, act, norm_topk=norm_topk)
         self.shared_expert = GatedMLP(d_model, d_shared, act)
         self.shared_expert_gate = nn.Linear(d_model, 1, bias=False)
-        self.act = activation(act)
-        self.hook_router_logits, self.hook_expert_weights = HookPoint(), HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        logits = self.hook_router_logits(self.router(x))
-        probs = torch.softmax(logits.float(), dim=-1)
-        top_w, top_i = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk:
-            top_w = top_w / top_w.sum(-1, keepdim=True)
-        weights = self.hook_expert_weights(torch.zeros_like(probs).scatter(-1, top_i, top_w).to(x.dtype))
-        out = torch.zeros_like(x)
-        for e in range(self.n_experts):
-            sel = weights[..., e] != 0
-            if bool(sel.any()):
-                gate, up = F.linear(x[sel], self.gate_up_proj[e]).chunk(2, dim=-1)
-                out[sel] = out[sel] + F.linear(self.act(gate) * up, self.down_proj[e]) * weights[..., e][sel][:, None]
-        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
 def qwen3_next_config_from_hf(hf_config: Any) -> HybridConfig:
@@ -153,22 +135,16 @@ def qwen3_next_config_from_hf(hf_config: Any) -> HybridConfig:
     ).validate()
 
 
-class Qwen3NextBlock(nn.Module):
+def _deltanet(cfg: HybridConfig) -> GatedDeltaNetMixer:
+    return GatedDeltaNetMixer(cfg.d_model, cfg.n_groups, cfg.n_heads, cfg.d_state, cfg.d_head, cfg.d_conv,
+                              cfg.norm_eps)
+
+
+class Qwen3NextBlock(MixerBlock):
     """``r += mixer(ln1(r)); r += mlp(ln2(r))``."""
 
     def __init__(self, cfg: HybridConfig, layer: int) -> None:
-        super().__init__()
-        self.kind = cfg.layer_kinds[layer]
-        self.hook_resid_pre = HookPoint()
-        self.ln1 = OffsetRMSNorm(cfg.d_model, cfg.norm_eps)
-        if self.kind == "ssm":
-            self.ssm = GatedDeltaNetMixer(cfg.d_model, cfg.n_groups, cfg.n_heads, cfg.d_state, cfg.d_head,
-                                          cfg.d_conv, cfg.norm_eps)
-        else:
-            self.attn = GatedAttention(cfg)
-            self.hook_attn_out = HookPoint()
-        self.hook_mixer_out = HookPoint()
-        self.hook_resid_mid = HookPoint()
+        super().__init__(cfg, layer, ssm=_deltanet, attn=GatedAttention, norm=OffsetRMSNorm)
         self.ln2 = OffsetRMSNorm(cfg.d_model, cfg.norm_eps)
         n_exp, x = cfg.layer_experts[layer], cfg.extra
         self.mlp: nn.Module = (GatedMLP(cfg.d_model, cfg.d_mlp, cfg.mlp_act) if n_exp == 1 else
@@ -176,12 +152,6 @@ class Qwen3NextBlock(nn.Module):
                                                x["norm_topk"], cfg.mlp_act))
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-
-    def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        resid = self.hook_resid_pre(resid)
-        normed = self.ln1(resid)
-        out = self.ssm(normed) if self.kind == "ssm" else self.hook_attn_out(self.attn(normed))
-        return self.after_mixer(resid, out)
 
     def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         """The rest of the block once the mixer has run: residual add, MLP, residual add."""
@@ -240,29 +210,17 @@ class HookedQwen3Next(HookedHybrid):
 
 
 # ------------------------------------------------------------------------------ weights
+_PARTS = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm", "attn": "self_attn", "ssm": "linear_attn",
+          "mlp": "mlp"}
+_RENAMES = {"ssm": CONV_NAMES, "mlp": expert_names(router="gate.weight")}
+
+
 def checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     """The HF checkpoint name of one of our parameters."""
-    fixed = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight",
-             "unembed.weight": "lm_head.weight"}
-    if ours in fixed:
-        return fixed[ours]
-    m = re.fullmatch(r"blocks\.(\d+)\.(\w+)\.(.+)", ours)
-    if m is None:  # pragma: no cover
-        return ours
-    i, part, rest = m.groups()
-    pre = f"model.layers.{i}."
-    if part in ("ln1", "ln2"):
-        return pre + ("input_layernorm." if part == "ln1" else "post_attention_layernorm.") + rest
-    if part == "attn":
-        return pre + "self_attn." + rest
-    if part == "ssm":
-        return pre + "linear_attn." + {"conv_weight": "conv1d.weight"}.get(rest, rest)
-    rest = {"router.weight": "gate.weight", "gate_up_proj": "experts.gate_up_proj",
-            "down_proj": "experts.down_proj"}.get(rest, rest) if cfg.layer_experts[int(i)] > 1 else rest
-    return pre + "mlp." + rest
+    return layer_checkpoint_key(ours, _PARTS, _RENAMES)
 
 
-def prepare_state_dict(state_dict: dict[str, Tensor], cfg: Any = None) -> dict[str, Tensor]:
+def prepare_state_dict(state_dict: dict[str, TensorSource], cfg: Any = None) -> dict[str, TensorSource]:
     """The on-disk per-expert tensors fused (as Jamba's); ``mtp.*`` (multi-token prediction) dropped, as HF does."""
     return fuse_experts({k: v for k, v in state_dict.items() if not k.startswith("mtp.")})
 

@@ -42,7 +42,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, first_int, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
-from gather_aggregate.adapters.streaming import tensors_equal
+from gather_aggregate.adapters.streaming import TensorSource, tensors_equal
 from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
 
 
@@ -262,17 +262,12 @@ class HookedZamba2(HookedHybrid):
         self.check_residual(resid)
         return resid
 
-    def _forward(self, inp: Any, start: int | None, stop: int | None) -> Tensor:
-        if start is None:
-            emb = self.hook_embed(self.embed(self.validate_tokens(inp)))
-            state, start = torch.cat([emb, emb], dim=-1), 0
-        else:
-            state = self.check_resid_input(inp, start)
-        end = self.cfg.n_layers if stop is None else stop
-        for blk in self.blocks[start:end]:
-            state = blk(state)
-        if stop is not None:
-            return state
+    def _embed_tokens(self, tokens: Tensor) -> Tensor:
+        """The packed state entering layer 0: the embedding twice (the residual and the original embedding)."""
+        emb = self.hook_embed(self.embed(tokens))
+        return torch.cat([emb, emb], dim=-1)
+
+    def _logits(self, state: Tensor) -> Tensor:
         h = self.ln_final(state[..., : self.cfg.d_model])
         W = self.embed.weight if self.unembed is None else self.unembed.weight
         return torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W).float()
@@ -349,7 +344,7 @@ def zamba2_checkpoint_key(ours: str, cfg: HybridConfig) -> str:
     return pre + "mamba." + {"conv_weight": "conv1d.weight", "conv_bias": "conv1d.bias"}.get(rest, rest)
 
 
-def dedupe_shared(state_dict: dict[str, Tensor], cfg: HybridConfig) -> dict[str, Tensor]:
+def dedupe_shared(state_dict: dict[str, TensorSource], cfg: HybridConfig) -> dict[str, TensorSource]:
     """Fold the tied copies of shared blocks (``model.layers.{l}.shared_transformer.*`` for later uses)
     onto the first use's names; a tied copy that differs is an error.  Untied (every layer its own
     block): drop the adapters a layer's copy holds for *other* uses, which HF never runs."""

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 STRATEGIES = ("scan", "detector", "random", "bottom")
 
 
-def scan_order(model: Any, examples: Sequence[Any], scan: Any = None) -> tuple[list[Head], Any]:
+def scan_order(model: HookedModel, examples: Sequence[Any], scan: Any = None) -> tuple[list[Head], Any]:
     """Every head, most important first by the exact zero-ablation scan (and the scan)."""
     if scan is None:
         from gather_aggregate.scan import exact_scan
@@ -35,7 +35,7 @@ def scan_order(model: Any, examples: Sequence[Any], scan: Any = None) -> tuple[l
     return [(int(r["layer"]), int(r["head"])) for r in scan.ranked().rows], scan
 
 
-def choose_heads(model: Any, examples: Sequence[Any], k: int, strategy: str = "scan", *, seed: int = 0,
+def choose_heads(model: HookedModel, examples: Sequence[Any], k: int, strategy: str = "scan", *, seed: int = 0,
                  scan: Any = None) -> list[Head]:
     """The ``k`` heads to keep as attention under ``strategy`` (see the module docstring)."""
     if strategy not in STRATEGIES:

@@ -142,17 +142,7 @@ def distill(student: HookedHeadHybrid, teacher: HookedHeadHybrid, batches: Calla
         raise InputError("the teacher must keep every head as attention: build it with hybridise(teacher, 'all')")
     fp = _fingerprint(student, cfg, run_key or {})
     out = Path(out_dir).expanduser() if out_dir is not None else None
-    log: list[dict[str, Any]] = []
-    start_stage, start_step, opt_state = 0, 0, None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        if (out / STATE).is_file():
-            state = torch.load(out / STATE, weights_only=False)
-            if state.get("fingerprint") != fp:
-                raise ResumeMismatchError(f"{out / STATE} belongs to another run (other model, layout or settings); "
-                                          "pass a fresh out_dir or delete it")
-            student.load_state_dict(state["student"])
-            start_stage, start_step, opt_state, log = state["stage"], state["step"], state["optimizer"], state["log"]
+    start_stage, start_step, opt_state, log = _resume(out, fp, student)
     base = sum(cfg.steps[:start_stage])
     for s in range(start_stage, 3):
         stage, n_steps = STAGES[s], cfg.steps[s]
@@ -161,13 +151,7 @@ def distill(student: HookedHeadHybrid, teacher: HookedHeadHybrid, batches: Calla
             start_step, opt_state = 0, None
             base += n_steps
             continue
-        for p in student.parameters():
-            p.requires_grad_(False)
-        for p in params:
-            p.requires_grad_(True)
-        opt = torch.optim.AdamW(params, lr=cfg.lr[s], betas=(0.9, 0.98), weight_decay=0.0)
-        if opt_state is not None and start_step > 0:
-            opt.load_state_dict(opt_state)
+        opt = _stage_optimizer(student, params, cfg.lr[s], opt_state if start_step > 0 else None)
         student.train()
         bar = _bar(n_steps, start_step, f"stage {s + 1} ({stage})", progress)
         t0, run, run_n = time.time(), 0.0, 0
@@ -199,6 +183,35 @@ def distill(student: HookedHeadHybrid, teacher: HookedHeadHybrid, batches: Calla
         p.requires_grad_(True)
     student.eval()
     return log
+
+
+def _resume(out: Path | None, fp: str, student: HookedHeadHybrid) -> tuple[int, int, Any, list[dict[str, Any]]]:
+    """``(stage, step, optimizer state, log)`` to start from: a fresh run's, or the checkpoint's in ``out``
+    (after checking it belongs to this run, ``fp``, and loading its student weights)."""
+    if out is None:
+        return 0, 0, None, []
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / STATE).is_file():
+        return 0, 0, None, []
+    state = torch.load(out / STATE, weights_only=False)
+    if state.get("fingerprint") != fp:
+        raise ResumeMismatchError(f"{out / STATE} belongs to another run (other model, layout or settings); "
+                                  "pass a fresh out_dir or delete it")
+    student.load_state_dict(state["student"])
+    return state["stage"], state["step"], state["optimizer"], state["log"]
+
+
+def _stage_optimizer(student: HookedHeadHybrid, params: list[torch.nn.Parameter], lr: float,
+                     opt_state: Any) -> torch.optim.Optimizer:
+    """AdamW over ``params``, the only parameters of ``student`` left trainable, resumed from ``opt_state``."""
+    for p in student.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    return opt
 
 
 def _bar(total: int, initial: int, desc: str, enabled: bool) -> Any:

@@ -21,11 +21,14 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gather_aggregate.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.protocol import HookedModel
 
 
 def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0, *,
@@ -50,7 +53,7 @@ def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0, *,
     return batch
 
 
-def perplexity(model: Any, batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]], n_batches: int = 4) -> float:
+def perplexity(model: HookedModel, batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]], n_batches: int = 4) -> float:
     """``exp`` of the mean NLL of the answer tokens (``labels != -100``) over ``n_batches`` held-out batches.
 
     Only the answers: the zoo models were trained on them alone, so the other
@@ -67,7 +70,7 @@ def perplexity(model: Any, batches: Callable[[int], tuple[torch.Tensor, torch.Te
     return float(torch.tensor(nll / max(n, 1)).exp())
 
 
-def measure(model: Any, model_dir: Path, eval_n: int, heldout: Callable[[int], Any]) -> dict[str, float]:
+def measure(model: HookedModel, model_dir: Path, eval_n: int, heldout: Callable[[int], Any]) -> dict[str, float]:
     from gather_aggregate.claims import accuracies, task_sets
 
     accs = accuracies(model, task_sets(model, model_dir, eval_n, seed=0))

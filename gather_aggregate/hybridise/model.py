@@ -33,6 +33,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
 from gather_aggregate.hybridise.config import MODEL_TYPE, HeadHybridConfig
 from gather_aggregate.hybridise.layers import HeadHybridBlock, _model_parts
+from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
 
 WEIGHTS = "model.safetensors"
@@ -83,20 +84,12 @@ class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
         return (self.embed.weight if self.unembed is None else self.unembed.weight).T
 
     # ---- forward -------------------------------------------------------------
-    def _layer_index(self, value: int | None, name: str) -> int | None:
-        if value is None:
-            return None
-        n = self.cfg.n_layers
-        if not isinstance(value, int) or isinstance(value, bool) or not -n <= value <= n:
-            raise InputError(f"{name}={value!r} is out of range: use an int in [-{n}, {n}] (this model has {n} layers)")
-        return value % n if value < 0 else value
-
     def forward(self, tokens_or_resid: Any, *, start_at_layer: int | None = None,
                 stop_at_layer: int | None = None) -> Float[Tensor, "batch pos d_vocab"]:
         """Logits ``[batch, pos, d_vocab]`` (fp32), or the residual entering ``stop_at_layer``; with
         ``start_at_layer=L`` the input is the residual entering layer ``L``."""
-        start = self._layer_index(start_at_layer, "start_at_layer")
-        stop = self._layer_index(stop_at_layer, "stop_at_layer")
+        start = layer_bound(start_at_layer, "start_at_layer", self.cfg.n_layers)
+        stop = layer_bound(stop_at_layer, "stop_at_layer", self.cfg.n_layers)
         if start is not None and stop is not None and stop < start:
             raise InputError(f"stop_at_layer={stop_at_layer} comes before start_at_layer={start_at_layer}")
         if start is None:

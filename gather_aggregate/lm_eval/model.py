@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lm_eval.models  # noqa: F401  (registers lm-eval's own models before ours)
 import torch
@@ -49,6 +49,9 @@ from tqdm.auto import tqdm
 from gather_aggregate.errors import InputError
 from gather_aggregate.lm_eval.intervention import Intervention
 from gather_aggregate.zoo import resolve_model_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.protocol import HookedModel
 
 #: ``chat_template=default``: each message as ``Role: content`` followed by a blank line, then ``Assistant:``
 DEFAULT_CHAT_TEMPLATE = (
@@ -69,7 +72,7 @@ class GatherAggregateLM(TemplateLM):
     template string.
     """
 
-    def __init__(self, pretrained: str | None = None, *, model: Any = None, ablate: Any = None, keep: Any = None,
+    def __init__(self, pretrained: str | None = None, *, model: HookedModel | None = None, ablate: Any = None, keep: Any = None,
                  prune: Any = None, method: str = "zero", reference: Any = "kv", n_reference: int = 32,
                  seed: int = 0, batch_size: int | str | None = 16, device: str | None = None,
                  dtype: str | None = None, max_length: int | None = None, max_gen_toks: int = 256,
@@ -135,8 +138,9 @@ class GatherAggregateLM(TemplateLM):
     def max_length(self) -> int:
         if self._max_length:
             return self._max_length
-        if getattr(self.model, "n_ctx", None):
-            return int(self.model.n_ctx)
+        n_ctx = getattr(self.model, "n_ctx", None)
+        if n_ctx:
+            return int(n_ctx)
         tok_max = getattr(self.tokenizer, "model_max_length", None)
         if tok_max and tok_max < 10**9:
             return int(tok_max)

@@ -19,13 +19,13 @@ loaded once; each setting swaps only the hooks.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.io import read_json
 from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,12 +39,8 @@ def ranking_from(source: str) -> list[Head]:
     """Heads in removal order from a scan JSON (``{"rows": [{"rank", "layer", "head"}, ...]}``) or a list string."""
     path = Path(source)
     if path.suffix.lower() == ".json" or path.is_file():
-        if not path.is_file():
-            raise InputError(f"no scan file at {path}; run `gather-aggregate scan --out DIR` first or pass --heads")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path} is not valid JSON ({err}); rerun the scan") from None
+        data = read_json(path, InputError, f"no scan file at {path}; run `gather-aggregate scan --out DIR` first or "
+                         "pass --heads", "rerun the scan")
         rows = data.get("rows") if isinstance(data, dict) else data
         if not rows or not all(isinstance(r, dict) and "layer" in r and "head" in r for r in rows):
             raise InputError(f"{path} has no rows with 'layer' and 'head'; pass a scan.json written by "

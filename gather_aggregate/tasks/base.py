@@ -241,6 +241,39 @@ def _check_known(tokenizer: Any, ids: Sequence[int], unk: int | None, what: str)
                         "this tokenizer; add it to the vocabulary or use words the tokenizer knows")
 
 
+def _token_span(offsets: Sequence[tuple[int, int]], cs: int, ce: int, name: str, fix: str) -> tuple[int, int]:
+    """The tokens ``[a, b)`` covering characters ``[cs, ce)``; an error naming ``name`` and ``fix`` when none do."""
+    a, b = char_span_to_tokens(offsets, cs, ce)
+    if b <= a:
+        raise TaskError(f"{name} tokenises to nothing with this tokenizer; {fix}")
+    return a, b
+
+
+def _check_required(spec: PromptSpec, tokenizer: Any, ids: list[int], offsets: Sequence[tuple[int, int]],
+                    unk: int | None) -> None:
+    """Every required span (keys, values, ...) has known tokens of its own: two different words of one kind
+    that tokenise alike could not be told apart."""
+    seen: dict[tuple[str, tuple[int, ...]], str] = {}
+    for cs, ce, what in spec.required:
+        a, b = _token_span(offsets, cs, ce, f"{what} {spec.prompt[cs:ce]!r}",
+                           "remove it from the vocabulary or use words the tokenizer knows")
+        _check_known(tokenizer, ids[a:b], unk, f"{what} {spec.prompt[cs:ce]!r}")
+        text, key = spec.prompt[cs:ce], (what, tuple(ids[a:b]))
+        if seen.setdefault(key, text) != text:
+            raise TaskError(f"the {what}s {seen[key]!r} and {text!r} tokenise to the same ids {list(key[1])}; "
+                            "the tokenizer cannot tell them apart, so use words it knows")
+
+
+def _candidate_ids(spec: PromptSpec, tokenizer: Any, ids: list[int], unk: int | None) -> list[list[int]]:
+    """Each answer candidate's token ids as the prompt's continuation (``" " + candidate``), all known."""
+    cand_ids = [continuation_ids(tokenizer, spec.prompt, ids, " " + c) for c in spec.candidates]
+    for c, ci in zip(spec.candidates, cand_ids, strict=True):
+        if not ci:
+            raise TaskError(f"answer candidate {c!r} tokenises to nothing; use candidates the tokenizer can encode")
+        _check_known(tokenizer, ci, unk, f"answer candidate {c!r}")
+    return cand_ids
+
+
 def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     """Tokenise ``spec`` with ``tokenizer`` and turn character spans into token spans."""
     if tokenizer is None:
@@ -251,28 +284,12 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     if not ids:
         raise TaskError("the prompt tokenised to zero tokens; check the tokenizer and the task's text")
     unk = getattr(tokenizer, "unk_token_id", None)
-    seen: dict[tuple[str, tuple[int, ...]], str] = {}
-    for cs, ce, what in spec.required:
-        a, b = char_span_to_tokens(offsets, cs, ce)
-        if b <= a:
-            raise TaskError(
-                f"{what} {spec.prompt[cs:ce]!r} tokenises to nothing with this tokenizer; "
-                "remove it from the vocabulary or use words the tokenizer knows"
-            )
-        _check_known(tokenizer, ids[a:b], unk, f"{what} {spec.prompt[cs:ce]!r}")
-        text, key = spec.prompt[cs:ce], (what, tuple(ids[a:b]))
-        if seen.setdefault(key, text) != text:
-            raise TaskError(f"the {what}s {seen[key]!r} and {text!r} tokenise to the same ids {list(key[1])}; "
-                            "the tokenizer cannot tell them apart, so use words it knows")
+    _check_required(spec, tokenizer, ids, offsets, unk)
     segments = []
     summaries = spec.summaries or [None] * len(spec.segments)
     for (cs, ce, label), sc in zip(spec.segments, summaries, strict=True):
-        a, b = char_span_to_tokens(offsets, cs, ce)
-        if b <= a:
-            raise TaskError(
-                f"segment {label!r} ({spec.prompt[cs:ce]!r}) tokenises to nothing with this tokenizer; "
-                "use segment text the tokenizer can encode"
-            )
+        a, b = _token_span(offsets, cs, ce, f"segment {label!r} ({spec.prompt[cs:ce]!r})",
+                           "use segment text the tokenizer can encode")
         summary = b - 1
         if sc is not None:
             if not cs <= sc < ce:
@@ -284,11 +301,7 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
                                 f"({spec.prompt[sc]!r}); name a character the tokenizer keeps")
             summary = sa
         segments.append(Segment(start=a, end=b, summary=summary, label=label, text=spec.prompt[cs:ce]))
-    cand_ids = [continuation_ids(tokenizer, spec.prompt, ids, " " + c) for c in spec.candidates]
-    for c, ci in zip(spec.candidates, cand_ids, strict=True):
-        if not ci:
-            raise TaskError(f"answer candidate {c!r} tokenises to nothing; use candidates the tokenizer can encode")
-        _check_known(tokenizer, ci, unk, f"answer candidate {c!r}")
+    cand_ids = _candidate_ids(spec, tokenizer, ids, unk)
     for seg in segments:
         _check_known(tokenizer, [ids[seg.summary]], unk, f"the summary token of segment {seg.label!r}")
     if len({tuple(c) for c in cand_ids}) != len(cand_ids):

@@ -233,48 +233,64 @@ def evaluate(
     single = [i for i, e in enumerate(exs) if fast_single_token and e.single_token]
     multi = [i for i, e in enumerate(exs) if not (fast_single_token and e.single_token)]
     rows = [(i, j) for i in multi for j in range(len(exs[i].candidates))]
-    n_batches = -(-len(single) // batch_size) + -(-len(rows) // batch_size)
+    # one forward a job, single-token batches first: the same order (and sampled hooks' draws) on every run
+    jobs: list[tuple[Callable[..., None], Sequence[Any]]] = (
+        [(_score_next_tokens, idx) for idx in _chunks(single, batch_size)]
+        + [(_score_continuations, part) for part in _chunks(rows, batch_size)])
     scores: dict[int, list[float]] = {}
-    n_forwards = 0
-    bar = _progress(n_batches, progress, "evaluate")
+    bar = _progress(len(jobs), progress, "evaluate")
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed)
-            for idx in _chunks(single, batch_size):
-                batch = collate([exs[i] for i in idx], pad, device=device)
-                lp = candidate_logprobs(_forward(model, batch, fwd_hooks), batch).cpu()
-                n_forwards += 1
-                for r, i in enumerate(idx):
-                    scores[i] = lp[r, : len(exs[i].candidates)].tolist()
-                if bar is not None:
-                    bar.update(1)
-            for part in _chunks(rows, batch_size):
-                cont = []
-                for i, j in part:
-                    e, c = exs[i], exs[i].candidate_ids[j]
-                    cont.append(dataclasses.replace(e, input_ids=e.input_ids + c[:-1]))
-                batch = collate(cont, pad, device=device)
-                logits = _forward(model, batch, fwd_hooks)
-                n_forwards += 1
-                for r, (i, j) in enumerate(part):
-                    c, q = exs[i].candidate_ids[j], exs[i].query_pos
-                    # only the scored positions q .. q+len(c)-1 are normalised
-                    lp = logits[r, q : q + len(c)].float().log_softmax(-1)
-                    total = lp.gather(1, torch.tensor(c, device=lp.device)[:, None]).sum().item()
-                    scores.setdefault(i, [0.0] * len(exs[i].candidates))[j] = total
+            for score, part in jobs:
+                score(model, exs, part, pad, device, fwd_hooks, scores)
                 if bar is not None:
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
+    results = _results(exs, scores)
+    acc = sum(r.correct for r in results) / len(results)
+    return EvalResult(accuracy=acc, results=results, n_forwards=len(jobs),
+                      n_rows=len(single) + len(rows), meta={"batch_size": batch_size, "seed": seed})
+
+
+def _score_next_tokens(model: HookedModel, exs: Sequence[Example], idx: Sequence[int], pad: int, device: torch.device,
+                       fwd_hooks: Hooks | HookFactory, scores: dict[int, list[float]]) -> None:
+    """One forward over the examples ``idx`` (single-token candidates): ``scores[i]`` = each candidate's
+    log-prob at ``query_pos``."""
+    batch = collate([exs[i] for i in idx], pad, device=device)
+    lp = candidate_logprobs(_forward(model, batch, fwd_hooks), batch).cpu()
+    for r, i in enumerate(idx):
+        scores[i] = lp[r, : len(exs[i].candidates)].tolist()
+
+
+def _score_continuations(model: HookedModel, exs: Sequence[Example], part: Sequence[tuple[int, int]], pad: int,
+                         device: torch.device, fwd_hooks: Hooks | HookFactory, scores: dict[int, list[float]]) -> None:
+    """One forward over the rows ``prompt_i + candidate_ij[:-1]`` of ``part`` (pairs ``(i, j)``):
+    ``scores[i][j] = Σ_k log p(c_k | prompt, c_<k)`` over candidate ``j``'s tokens ``c``."""
+    cont = []
+    for i, j in part:
+        e, c = exs[i], exs[i].candidate_ids[j]
+        cont.append(dataclasses.replace(e, input_ids=e.input_ids + c[:-1]))
+    batch = collate(cont, pad, device=device)
+    logits = _forward(model, batch, fwd_hooks)
+    for r, (i, j) in enumerate(part):
+        c, q = exs[i].candidate_ids[j], exs[i].query_pos
+        # only the scored positions q .. q+len(c)-1 are normalised
+        lp = logits[r, q : q + len(c)].float().log_softmax(-1)
+        total = lp.gather(1, torch.tensor(c, device=lp.device)[:, None]).sum().item()
+        scores.setdefault(i, [0.0] * len(exs[i].candidates))[j] = total
+
+
+def _results(exs: Sequence[Example], scores: dict[int, list[float]]) -> list[ExampleResult]:
+    """Each example's prediction: its highest-scoring candidate (the first one on a tie)."""
     results = []
     for i, e in enumerate(exs):
         s = scores[i]
         pred = max(range(len(s)), key=lambda k: (s[k], -k))
         results.append(ExampleResult(index=i, pred=pred, answer=e.answer, logprobs=s, correct=pred == e.answer))
-    acc = sum(r.correct for r in results) / len(results)
-    return EvalResult(accuracy=acc, results=results, n_forwards=n_forwards,
-                      n_rows=len(single) + len(rows), meta={"batch_size": batch_size, "seed": seed})
+    return results
 
 
 def score_per_candidate(model: HookedModel, example: Example, *, fwd_hooks: Hooks = ()) -> list[float]:

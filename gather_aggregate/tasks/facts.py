@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from gather_aggregate.errors import TaskError
+from gather_aggregate.io import read_json
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate
 
 FactFormat = Literal["letter", "content", "knowledge"]
@@ -121,13 +122,8 @@ class FactWorld:
         p = Path(path)
         if p.is_dir():
             p = p / "facts.json"
-        if not p.is_file():
-            raise TaskError(f"no facts file at {p}; pass a facts.json or a model directory that contains one")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise TaskError(f"{p} is not valid JSON ({err}); fix or regenerate it") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(p, TaskError, f"no facts file at {p}; pass a facts.json or a model directory "
+                                          "that contains one", "fix or regenerate it"))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``facts.json`` (to a file path, or into a directory)."""
@@ -180,14 +176,23 @@ def made_up_names(n: int, *, seed: int = 0) -> list[str]:
     """``n`` distinct pronounceable made-up names (``Bavo``, ``Tirek``...), seeded."""
     rng = random.Random(seed)
     onset, vowel, coda = "bdfgklmnprstvz", "aeiou", ["", "", "n", "r", "k", "l", "s"]
-    out: list[str] = []
-    seen: set[str] = set()
-    while len(out) < n:
+
+    def name() -> str:
         syl = [rng.choice(onset) + rng.choice(vowel) for _ in range(rng.choice((2, 2, 3)))]
-        name = ("".join(syl) + rng.choice(coda)).capitalize()
-        if name not in seen:
-            seen.add(name)
-            out.append(name)
+        return ("".join(syl) + rng.choice(coda)).capitalize()
+
+    return distinct_draws(name, n)
+
+
+def distinct_draws(draw: Callable[[], str], n: int, exclude: Iterable[str] = ()) -> list[str]:
+    """The first ``n`` distinct results of calling ``draw`` again and again, skipping ``exclude``."""
+    out: list[str] = []
+    seen = set(exclude)
+    while len(out) < n:
+        w = draw()
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
     return out
 
 

@@ -18,13 +18,16 @@ import argparse
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gather_aggregate.training.data import EvalItem, knowledge_eval_items, kv_eval_items, mc_eval_items
 from gather_aggregate.training.quick_eval import ablate_heads, accuracy, n_heads
 from gather_aggregate.training.vocab import World, split_words
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
 
 
 def load(path: str | Path) -> tuple[Any, World]:
@@ -49,14 +52,14 @@ def suites(world: World, seed: int, n: int, kv_sizes: tuple[int, ...] = (8,)) ->
     return out
 
 
-def scores(model: Any, world: World, items: dict[str, list[EvalItem]], heads=()) -> dict[str, float]:
+def scores(model: PreTrainedModel, world: World, items: dict[str, list[EvalItem]], heads=()) -> dict[str, float]:
     vocab = world.vocab()
     with ablate_heads(model, heads):
         return {k: round(accuracy(model, v, vocab, vocab["<pad>"]), 4) for k, v in items.items()}
 
 
 @torch.no_grad()
-def mc_attention(model: Any, world: World, items: list[EvalItem]) -> torch.Tensor:
+def mc_attention(model: PreTrainedModel, world: World, items: list[EvalItem]) -> torch.Tensor:
     """``[layer, head, 4]`` mean attention of the last position onto: correct ``\\n``, any correct-option
     token, the correct option's letter, the mean wrong-option ``\\n``."""
     vocab = world.vocab()

@@ -262,7 +262,7 @@ class EvalItem:
     candidates: list[str]
 
 
-def _recall_items(world: World, rng: random.Random, n_pairs: int, n: int,
+def recall_items(world: World, rng: random.Random, n_pairs: int, n: int,
                   render: Callable[[Sequence[tuple[str, str]], str], str], reverse: bool = False) -> list[EvalItem]:
     """``n`` dictionaries of ``n_pairs`` random key-value pairs, each rendered with one of its keys as the query
     (``reverse``: one of its values, answered with the key)."""
@@ -280,17 +280,17 @@ def _recall_items(world: World, rng: random.Random, n_pairs: int, n: int,
 
 
 def kv_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
-    return _recall_items(world, rng, n_pairs, n, kv_prompt)
+    return recall_items(world, rng, n_pairs, n, kv_prompt)
 
 
 def mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
     """The auxiliary MQAR task's first query: ``k v k v ... k`` -> ``v``."""
-    return _recall_items(world, rng, n_pairs, n, mqar_prompt)
+    return recall_items(world, rng, n_pairs, n, mqar_prompt)
 
 
 def reverse_mqar_eval_items(world: World, rng: random.Random, n_pairs: int, n: int) -> list[EvalItem]:
     """Reverse MQAR's first query: ``k v k v ... v`` -> the ``k`` before that ``v`` (among the prompt's keys)."""
-    return _recall_items(world, rng, n_pairs, n, mqar_prompt, reverse=True)
+    return recall_items(world, rng, n_pairs, n, mqar_prompt, reverse=True)
 
 
 def mc_eval_items(world: World, rng: random.Random, n: int, letter: bool, n_options: int = 4,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from gather_aggregate.training.data import (
 )
 from gather_aggregate.training.vocab import World, split_words
 
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
+
 
 def _encode(items: Sequence[EvalItem], vocab: dict[str, int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = [[vocab[w] for w in split_words(it.prompt)] for it in items]
@@ -45,7 +48,7 @@ def _encode(items: Sequence[EvalItem], vocab: dict[str, int], pad_id: int) -> tu
 
 
 @torch.no_grad()
-def accuracy(model: Any, items: Sequence[EvalItem], vocab: dict[str, int], pad_id: int, batch_size: int = 64) -> float:
+def accuracy(model: PreTrainedModel, items: Sequence[EvalItem], vocab: dict[str, int], pad_id: int, batch_size: int = 64) -> float:
     """Fraction of items whose correct candidate has the highest logit among the candidates."""
     model.eval()
     correct = 0
@@ -74,11 +77,11 @@ def eval_suite(world: World, seed: int, n: int, kv_sizes: Iterable[int] = (4, 8,
     return suite
 
 
-def suite_accuracies(model: Any, suite: dict[str, list[EvalItem]], vocab: dict[str, int], pad_id: int) -> dict[str, float]:
+def suite_accuracies(model: PreTrainedModel, suite: dict[str, list[EvalItem]], vocab: dict[str, int], pad_id: int) -> dict[str, float]:
     return {name: round(accuracy(model, items, vocab, pad_id), 4) for name, items in suite.items()}
 
 
-def _out_proj(model: Any, layer: int) -> tuple[torch.nn.Module, int]:
+def _out_proj(model: PreTrainedModel, layer: int) -> tuple[torch.nn.Module, int]:
     """The output projection of ``layer`` and its head width (columns per head)."""
     cfg = model.config
     if cfg.model_type == "llama":
@@ -91,7 +94,7 @@ def _out_proj(model: Any, layer: int) -> tuple[torch.nn.Module, int]:
     raise ValueError(f"quick_eval.ablate_heads supports llama, mamba and mamba2, not {cfg.model_type!r}")
 
 
-def n_heads(model: Any) -> tuple[int, int]:
+def n_heads(model: PreTrainedModel) -> tuple[int, int]:
     """(layers, heads per layer) in the sense used by :func:`ablate_heads`."""
     cfg = model.config
     if cfg.model_type == "llama":
@@ -102,7 +105,7 @@ def n_heads(model: Any) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def ablate_heads(model: Any, heads: Iterable[tuple[int, int]]) -> Iterator[None]:
+def ablate_heads(model: PreTrainedModel, heads: Iterable[tuple[int, int]]) -> Iterator[None]:
     """Zero-ablate ``(layer, head)`` slices of the output projections' input while inside the block."""
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:

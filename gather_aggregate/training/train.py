@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +38,9 @@ from gather_aggregate.training.data import Mixture, collate, length_bucketed, sa
 from gather_aggregate.training.quick_eval import eval_suite, suite_accuracies
 from gather_aggregate.training.train_args import ARCHS
 from gather_aggregate.training.vocab import PAD, World, build_tokenizer, make_world, save_world
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
 
 # Default sizes per architecture (overridable from the CLI).
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -150,7 +155,7 @@ def load_init(cfg: TrainConfig, vocab_size: int) -> Any:
     return model
 
 
-def architecture_of(model: Any) -> dict[str, int]:
+def architecture_of(model: PreTrainedModel) -> dict[str, int]:
     """The size fields of :class:`TrainConfig` read off a loaded model's HF config (a warm start's real shape)."""
     c = model.config
     fields = {"d_model": "hidden_size", "n_layers": "num_hidden_layers",
@@ -160,7 +165,7 @@ def architecture_of(model: Any) -> dict[str, int]:
     return {k: int(getattr(c, name)) for k, name in fields.items() if isinstance(getattr(c, name, None), int)}
 
 
-def grow_layers(model: Any, n_layers: int, seed: int) -> None:
+def grow_layers(model: PreTrainedModel, n_layers: int, seed: int) -> None:
     """Append freshly initialised Llama layers up to ``n_layers`` whose output projections (attention ``o_proj``,
     MLP ``down_proj``) start at zero: each new layer adds nothing to the residual stream at first, so the grown
     model computes exactly what the warm-start checkpoint did, and gradient descent decides what the new layers
@@ -198,7 +203,7 @@ def kv_max_at(step: int, cfg: TrainConfig) -> int:
     return round(cfg.kv_start + frac * (cfg.kv_max - cfg.kv_start))
 
 
-def save_checkpoint(model: Any, tokenizer: Any, world: World, cfg: TrainConfig, out: Path, record: dict) -> None:
+def save_checkpoint(model: PreTrainedModel, tokenizer: Any, world: World, cfg: TrainConfig, out: Path, record: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if cfg.arch == "mamba1":
         model.config.use_mambapy = False  # loads anywhere; training speed is not a property of the checkpoint
@@ -207,6 +212,42 @@ def save_checkpoint(model: Any, tokenizer: Any, world: World, cfg: TrainConfig, 
         model.config.use_mambapy = True
     save_world(world, tokenizer, out, kv_sizes=list(range(Mixture().kv_min_pairs, cfg.kv_max + 1)))
     (out / "train_config.json").write_text(json.dumps(record, indent=1))
+
+
+def train_step(model: PreTrainedModel, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on next-token cross-entropy (targets ``-100`` ignored), gradients clipped to norm 1;
+    returns the loss."""
+    logits = model(input_ids=x).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                             ignore_index=-100)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
+def _model_to_train(cfg: TrainConfig, n_vocab: int, pad_id: int, eos_id: int) -> tuple[PreTrainedModel, TrainConfig]:
+    """A fresh model, or the ``--init`` checkpoint with its architecture recorded in the returned config."""
+    if cfg.grow_to is not None and not cfg.init:
+        raise ValueError("--grow-to needs --init (it grows a trained checkpoint)")
+    if cfg.init:
+        model = load_init(cfg, n_vocab)
+        return model, dataclasses.replace(cfg, **architecture_of(model))  # what was trained, not the defaults
+    return build_model(cfg, n_vocab, pad_id, eos_id), cfg
+
+
+def _training_batches(world: World, rng: random.Random, mix: Mixture, cfg: TrainConfig, vocab: dict[str, int],
+                      pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(inputs, targets)`` of step 0, 1, ...: ``bucket`` batches are drawn at once (KV size of the step that
+    draws them) and grouped by length, which pads less per step, then served in random order."""
+    pending: list = []
+    for step in itertools.count():
+        if not pending:
+            pool = [sample_doc(world, rng, mix, kv_max_at(step, cfg))[1] for _ in range(cfg.batch_size * cfg.bucket)]
+            pending = length_bucketed(pool, cfg.bucket)
+            rng.shuffle(pending)
+        yield collate(pending.pop(), vocab, pad_id)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -218,17 +259,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     tokenizer = build_tokenizer(world)
     vocab = world.vocab()
     pad_id = vocab[PAD]
-    if cfg.grow_to is not None and not cfg.init:
-        raise ValueError("--grow-to needs --init (it grows a trained checkpoint)")
-    if cfg.init:
-        model = load_init(cfg, len(vocab))
-        cfg = dataclasses.replace(cfg, **architecture_of(model))  # record what was trained, not the defaults
-    else:
-        model = build_model(cfg, len(vocab), pad_id, tokenizer.eos_token_id)
+    model, cfg = _model_to_train(cfg, len(vocab), pad_id, tokenizer.eos_token_id)
     mix = Mixture(kv_max_pairs=cfg.kv_max, **cfg.mixture)
     suite = eval_suite(world, seed=10_000 + cfg.world_seed, n=cfg.eval_n)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    rng = random.Random(cfg.seed)
+    batches = _training_batches(world, random.Random(cfg.seed), mix, cfg, vocab, pad_id)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "train_log.jsonl"
     log_path.write_text("")
@@ -239,9 +274,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                                                                     "world": cfg.world_seed}}
     print(f"[zoo] {type(model).__name__}: {n_params / 1e6:.3f}M params, vocab {len(vocab)}", flush=True)
     t0 = time.time()
-    run_loss, run_n, step = 0.0, 0, 0
-    pending: list = []
-    metrics: dict[str, float] = {}
+    run_loss, run_n = 0.0, 0
     from tqdm.auto import tqdm
 
     bar = tqdm(total=min(cfg.steps, cfg.stop_after or cfg.steps), desc=f"training {cfg.arch}", unit="step",
@@ -250,18 +283,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         model.train()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        if not pending:  # draw `bucket` batches at once and group them by length: less padding per step
-            pool = [sample_doc(world, rng, mix, kv_max_at(step, cfg))[1] for _ in range(cfg.batch_size * cfg.bucket)]
-            pending = length_bucketed(pool, cfg.bucket)
-            rng.shuffle(pending)
-        x, y = collate(pending.pop(), vocab, pad_id)
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                 ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, *next(batches))
         run_loss += loss.item()
         run_n += 1
         bar.update(1)

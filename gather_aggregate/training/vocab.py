@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gather_aggregate.tasks.facts import distinct_draws
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL = [PAD, EOS, UNK]
 
@@ -58,14 +60,7 @@ def split_words(text: str) -> list[str]:
 def _made_up_words(rng: random.Random, n: int, pattern: str, exclude: set[str]) -> list[str]:
     """``n`` distinct pronounceable words following ``pattern`` (``c`` consonant, ``v`` vowel)."""
     cons, vows = "bdfgklmnprstvz", "aeiou"
-    out: list[str] = []
-    seen = set(exclude)
-    while len(out) < n:
-        w = "".join(rng.choice(cons if ch == "c" else vows) for ch in pattern)
-        if w not in seen:
-            seen.add(w)
-            out.append(w)
-    return out
+    return distinct_draws(lambda: "".join(rng.choice(cons if ch == "c" else vows) for ch in pattern), n, exclude)
 
 
 @dataclass
