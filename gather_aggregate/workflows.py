@@ -96,13 +96,19 @@ def run_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(args: argparse.Namespace, command: str) -> tuple[Path, HookedModel, list]:
+    """What every task command does first: check the options, make the output folder (default
+    ``ga_out/<command>``), load the model and build the task's prompts."""
+    precheck(args)
+    out = out_dir(args.out, f"ga_out/{command}")
+    model = load(args)
+    return out, model, task_examples(args, model)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from gather_aggregate.tasks import evaluate
 
-    precheck(args)
-    out = out_dir(args.out, "ga_out/eval")
-    model = load(args)
-    examples = task_examples(args, model)
+    out, model, examples = _start(args, "eval")
     res = evaluate(model, examples, progress=_progress(args), seed=args.seed)
     rows = res.to_rows()
     atomic_write_json(out / "eval.json", {"model": args.model, "task": args.task, "n": res.n, "seed": args.seed,
@@ -117,10 +123,7 @@ def run_scan(args: argparse.Namespace) -> int:
     from gather_aggregate.attribution import attribution_scan
     from gather_aggregate.scan import exact_scan
 
-    precheck(args)
-    out = out_dir(args.out, "ga_out/scan")
-    model = load(args)
-    examples = task_examples(args, model)
+    out, model, examples = _start(args, "scan")
     tokens, metric = task_metric(model, examples)
     reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts
     t0 = time.perf_counter()
@@ -146,10 +149,7 @@ def run_detect(args: argparse.Namespace) -> int:
     from gather_aggregate.errors import ResumeMismatchError
     from gather_aggregate.scan import exact_scan
 
-    precheck(args)
-    out = out_dir(args.out, "ga_out/detect")
-    model = load(args)
-    examples = task_examples(args, model)
+    out, model, examples = _start(args, "detect")
     scan_file = out / "scan.json"
     tokens, metric = task_metric(model, examples)
     try:  # reuse a scan.json only when it was written for this model and these prompts (task, seed, count)
