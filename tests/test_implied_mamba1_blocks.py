@@ -17,6 +17,14 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def within_fp32(out, want, mag):
+    """The float32 error bound of a sum: at most REL of its largest term's size.  Each entry is a sum over the
+    state index n of C_t[n] B_s[n] x decay, so ``mag`` is the formula with |B| and |C|: cancellation can make an
+    entry (and its relative error) far smaller than its terms, as hypothesis found with n = 5 terms of size ~1
+    summing to -0.0014."""
+    return float((out - want).abs().max()) <= REL * float(mag.abs().max())
+
+
 def inputs(b, L, d, n, dt_scale, seed):
     g = torch.Generator().manual_seed(seed)
     dt = torch.nn.functional.softplus(torch.randn(b, L, d, generator=g)) * dt_scale
@@ -34,7 +42,7 @@ def test_full_per_channel_equals_reference(b, L, d, n, dt_scale, scaling, seed):
     ref = mamba1_implied_reference(dt, A, B, C, dt_scaling=scaling)
     out = torch.full((b, d, L, L), float("nan"))  # every entry must be written
     blocks.full_per_channel(dt, dt if scaling else torch.ones_like(dt), A, B, C, out)
-    assert rel(out, ref) <= REL
+    assert within_fp32(out, ref, mamba1_implied_reference(dt, A, B.abs(), C.abs(), dt_scaling=scaling))
     assert torch.equal(out.triu(1), torch.zeros_like(out))
 
 
@@ -66,9 +74,10 @@ def test_rows_per_channel_equals_reference(small_tiles, b, L, d, n, dt_scale, sc
     rows = torch.randint(0, L, (b, n_rows), generator=torch.Generator().manual_seed(seed))
     ref = mamba1_implied_reference(dt, A, B, C, dt_scaling=scaling)
     want = torch.stack([ref[i][:, rows[i]] for i in range(b)])  # [b, d, R, L]
+    mag = mamba1_implied_reference(dt, A, B.abs(), C.abs(), dt_scaling=scaling)
     out = torch.full((b, d, n_rows, L), float("nan"))
     blocks.rows_per_channel(dt, scaling, A, B, C, rows, out)
-    assert rel(out, want) <= REL
+    assert within_fp32(out, want, torch.stack([mag[i][:, rows[i]] for i in range(b)]))
 
 
 def test_rows_skip_dead_tiles_exactly(small_tiles, monkeypatch):
