@@ -83,6 +83,14 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         residual_multiplier=0.22, attention_multiplier=0.0078125, rms_norm_eps=1e-5, vocab_size=100352,
         tie_word_embeddings=True, dtype="bfloat16", _shards=3, _layers=("mamba", "attention"),
         _experts="num_local_experts"),
+    "falcon-h1-7b": dict(  # tiiuae/Falcon-H1-7B: attention and Mamba-2 side by side in every layer (HF's FalconH1
+        # docs table: 44 layers, hidden 3072, 12/2 attention heads of 128, 24 Mamba heads of 128, d_state 256).
+        # Assumptions (not in that table): intermediate_size 12288, mamba_n_groups 1, the μP multipliers and
+        # RoPE at FalconH1Config's defaults, vocab 130048, 4 shards
+        model_type="falcon_h1", hidden_size=3072, num_attention_heads=12, num_key_value_heads=2, head_dim=128,
+        intermediate_size=12288, mamba_n_heads=24, mamba_d_head=128, mamba_d_ssm=3072, mamba_d_state=256,
+        mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=256, mamba_rms_norm=False, rms_norm_eps=1e-5,
+        vocab_size=130048, tie_word_embeddings=False, dtype="bfloat16", _shards=4),
     "qwen3-next-80b-a3b": dict(  # Qwen/Qwen3-Next-80B-A3B: gated DeltaNet + gated attention, 512 experts top-10
         model_type="qwen3_next", hidden_size=2048, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
         linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,

@@ -10,7 +10,13 @@ One random-weight layer at the width of a published checkpoint:
   ``compute_ssm_effective_attention(include_dt_scaling=True)``, compared with ours entry by entry;
 * ``qwen3_next``: a Qwen3-Next-80B gated-DeltaNet layer (hidden 2048, 16 key heads and 32 value heads of 128),
   in HF's ``Qwen3NextForCausalLM``, loaded by us (``load_ssm``) and by TL's bridge (``use_cache=False``), whose
-  ``compute_effective_attention`` is timed on the bridge's own cache.
+  ``compute_effective_attention`` is timed on the bridge's own cache;
+* ``falcon_h1``: a Falcon-H1-7B layer (hidden 3072; attention 12 heads of 128, 2 KV heads, beside Mamba-2 with 24
+  heads of 128, d_state 256, one group; the small test config's μP multipliers), in HF's ``FalconH1ForCausalLM``;
+  ours is the implied attention of its 24 Mamba-2 heads.  TL's bridge is built, run (``eager_scan``,
+  ``use_cache=False``) and its ``compute_ssm_effective_attention(include_dt_scaling=True)`` is called; in TL 4.3
+  it raises (it looks up ``blocks.L.mixer.*``, the bridge names Falcon-H1's branch ``mamba``), and the row
+  records the error it raised.
 
 Every row reports the time and peak memory of the implied-attention call only (the forward that filled the cache
 is not timed) and how well the matrix rebuilds the layer's output (``‖α @ v - o‖ / ‖o‖``; Llamba:
@@ -69,6 +75,17 @@ def build(family: str, width: str = "real") -> tuple[Any, Any]:
                              shared_intermediate_size=256)
         hf = tiny_hf_granite(0, config=cfg)
         return load_ssm(hf), hf
+    if family == "falcon_h1":
+        from gather_aggregate.adapters.families_testing import falcon_h1_config, tiny_hf_falcon_h1
+
+        big = width == "real"
+        cfg = falcon_h1_config(vocab_size=VOCAB, hidden_size=3072 if big else 64, intermediate_size=256,
+                               num_hidden_layers=1, num_attention_heads=12 if big else 4, num_key_value_heads=2,
+                               head_dim=128 if big else 16, mamba_n_heads=24 if big else 4,
+                               mamba_d_head=128 if big else 16, mamba_d_ssm=3072 if big else 64,
+                               mamba_d_state=256 if big else 16, mamba_n_groups=1)
+        hf = tiny_hf_falcon_h1(0, config=cfg)
+        return load_ssm(hf), hf
     from gather_aggregate.adapters.families_testing import qwen3_next_config, tiny_hf_qwen3_next
 
     big = width == "real"
@@ -107,7 +124,23 @@ def child(spec: dict[str, Any]) -> None:
             stats, _ = measure(fn, repeats=spec.get("repeats", 3))
             print(json.dumps(stats))
             return
-        if impl == "tl" and family == "granitemoehybrid":
+        if impl == "tl" and family == "falcon_h1":
+            from transformer_lens.model_bridge.generalized_components.ssm_protocol import find_ssm_mixer
+
+            bridge = _bridge(hf)
+            mixer = find_ssm_mixer(bridge.blocks[0])
+            if hasattr(mixer, "eager_scan"):
+                mixer.eager_scan = True
+            _, cache = bridge.run_with_cache(tokens, use_cache=False)
+            try:
+                stats, alpha = measure(lambda: cache.compute_ssm_effective_attention(layer=0,
+                                                                                    include_dt_scaling=True))
+            except Exception as e:  # TL 4.3: it raises here (blocks.L.mixer.* vs the bridge's blocks.L.mamba.*)
+                reason = (str(e).strip().splitlines() or [""])[0]
+                print(json.dumps({"error": f"raises {type(e).__name__}: {reason}"[:200]}))
+                return
+            out["rebuild"] = _rebuild_error(model, None, alpha.float(), family, None, source=tokens)
+        elif impl == "tl" and family == "granitemoehybrid":
             from transformer_lens.model_bridge.generalized_components.ssm_protocol import find_ssm_mixer
 
             bridge = _bridge(hf)
@@ -131,7 +164,8 @@ def child(spec: dict[str, Any]) -> None:
         else:
             _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.startswith("blocks.0.ssm."))
             rows = spec.get("rows")
-            stats, alpha = measure(lambda: model.pattern(cache, 0, rows=rows, max_bytes=8 * 1024**3),
+            heads = model.layers[0].heads_of("ssm") if family == "falcon_h1" else None  # its Mamba-2 heads
+            stats, alpha = measure(lambda: model.pattern(cache, 0, heads=heads, rows=rows, max_bytes=8 * 1024**3),
                                    repeats=spec.get("repeats", 1))
             out["rebuild"] = _rebuild_error(model, cache, alpha, family, rows)
         out.update(stats, shape=list(alpha.shape))
@@ -144,11 +178,13 @@ def _bridge(hf: Any) -> Any:
     return _build_bridge(hf, type(hf).__name__, hf.config, None)
 
 
-def _rebuild_error(model: Any, cache: Any, alpha: Any, family: str, rows: Any) -> float:
+def _rebuild_error(model: Any, cache: Any, alpha: Any, family: str, rows: Any, source: Any = None) -> float:
     import torch
 
     H, P = model.cfg.n_heads, model.cfg.d_head
-    if family in ("llamba", "granitemoehybrid"):
+    if cache is None:  # our own cache of the same prompt (a matrix computed elsewhere, checked against our hooks)
+        _, cache = model.run_with_cache(source, names_filter=lambda n: n.startswith("blocks.0.ssm."))
+    if family in ("llamba", "granitemoehybrid", "falcon_h1"):
         x = cache["blocks.0.ssm.hook_x"].float().unflatten(-1, (H, P))
         y = cache["blocks.0.ssm.hook_y"].float().unflatten(-1, (H, P))
         D = model.ssm_layer_params(0).D[:, None]
@@ -174,7 +210,7 @@ def fmt(r: dict[str, Any]) -> tuple[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--families", nargs="*", default=["llamba", "qwen3_next", "granitemoehybrid"])
+    ap.add_argument("--families", nargs="*", default=["llamba", "qwen3_next", "granitemoehybrid", "falcon_h1"])
     ap.add_argument("--lengths", type=int, nargs="*", default=[256, 1024])
     ap.add_argument("--row-length", type=int, default=4096)
     ap.add_argument("--no-rows", action="store_true")
@@ -213,7 +249,8 @@ def main() -> None:
     single_thread()
     print(f"\nImplied attention per family, one {args.width}-width random layer, batch 1; {machine()}")
     print("TL = TransformerLens 4.3 (Qwen3-Next: GatedDeltaNet compute_effective_attention on the bridge's cache; "
-          "Granite: compute_ssm_effective_attention with Δ scaling); "
+          "Granite, Falcon-H1: compute_ssm_effective_attention with Δ scaling; a cell naming an error is the "
+          "exception TL raised); "
           "ours = model.pattern; rebuild = ||alpha @ v - o|| / ||o|| (Llamba: + D x vs hook_y)\n")
     print("| family | request | TL time | TL peak | TL rebuild | ours time | ours peak | ours rebuild | TL/ours time |")
     # (Granite: TL's matrix against ours, max |diff| / max |ours|, is in the raw JSON as max_abs_diff_vs_ours)

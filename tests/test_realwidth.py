@@ -47,6 +47,7 @@ SLOW = [
     ("nemotron-h-8b", dict(n_layers=3, vocab=32000)),
     ("granite-4.0-h-tiny", dict(n_layers=2, n_experts=None)),
     ("qwen3-next-80b-a3b", dict(n_layers=2, vocab=32000, n_experts=64)),
+    ("falcon-h1-7b", dict(n_layers=2, vocab=32000)),
 ]
 
 
