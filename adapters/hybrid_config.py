@@ -74,13 +74,19 @@ def rope_of(hf_config: Any) -> tuple[float, float]:
     return float(theta), float(rp.get("partial_rotary_factor", 1.0))
 
 
+def attention_dims(hf_config: Any) -> tuple[int, int, int, int]:
+    """``(d_model, n_layers, n_attention_heads, d_head)`` as every HF decoder config states them (``head_dim`` when
+    given, else ``hidden_size // num_attention_heads``)."""
+    d_model, n_attn = int(hf_config.hidden_size), int(hf_config.num_attention_heads)
+    d_head = int(getattr(hf_config, "head_dim", None) or d_model // n_attn)
+    return d_model, int(hf_config.num_hidden_layers), n_attn, d_head
+
+
 def decoder_fields(hf_config: Any) -> dict[str, Any]:
     """The fields every attention + SSM decoder config (Bamba, Jamba) states the same way."""
     g = hf_config.__getattribute__
-    d_model, n_layers = int(g("hidden_size")), int(g("num_hidden_layers"))
-    n_attn = int(g("num_attention_heads"))
+    d_model, n_layers, n_attn, attn_d_head = attention_dims(hf_config)
     n_kv = int(getattr(hf_config, "num_key_value_heads", None) or n_attn)
-    attn_d_head = int(getattr(hf_config, "head_dim", None) or d_model // n_attn)
     eps = float(g("rms_norm_eps"))
     return dict(
         model_type=hf_config.model_type, d_model=d_model, n_layers=n_layers, d_vocab=int(g("vocab_size")),

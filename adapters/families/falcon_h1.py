@@ -47,7 +47,7 @@ from transformer_lens.hook_points import HookPoint
 from gather_aggregate.adapters.attention import Attention, GatedMLP
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
-from gather_aggregate.adapters.hybrid_config import HybridConfig, first_int, rope_of
+from gather_aggregate.adapters.hybrid_config import HybridConfig, attention_dims, first_int, rope_of
 from gather_aggregate.adapters.hybrid_convert import decoder_checkpoint_key
 from gather_aggregate.adapters.mixers import Mamba2Mixer, RMSNorm, SSMMixer
 from gather_aggregate.adapters.model import HookedSSM
@@ -60,9 +60,7 @@ MODEL_TYPE = "falcon_h1"
 def falcon_h1_config_from_hf(hf_config: Any) -> HybridConfig:
     """``HybridConfig`` from a ``FalconH1Config`` (SSM half: Mamba-2); the μP multipliers go in ``extra``."""
     g = hf_config.__getattribute__
-    d_model, n_layers = int(g("hidden_size")), int(g("num_hidden_layers"))
-    n_attn = int(g("num_attention_heads"))
-    d_head = int(getattr(hf_config, "head_dim", None) or d_model // n_attn)
+    d_model, n_layers, n_attn, d_head = attention_dims(hf_config)
     theta, _ = rope_of(hf_config)  # HF's Falcon-H1 rotates the whole head whatever partial_rotary_factor says
     act = str(g("hidden_act"))
     if act not in ("silu", "swish"):

@@ -31,7 +31,7 @@ from gather_aggregate.adapters.attention import activation, mix_experts
 from gather_aggregate.adapters.checkpoint import CONV_NAMES, expert_names, layer_checkpoint_key
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
-from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
+from gather_aggregate.adapters.hybrid_config import HybridConfig, attention_dims, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.streaming import TensorSource
 
@@ -41,9 +41,7 @@ MODEL_TYPE = "granitemoehybrid"
 def granite_config_from_hf(hf_config: Any) -> HybridConfig:
     """``HybridConfig`` (SSM half: Mamba-2) from a ``GraniteMoeHybridConfig``; multipliers in ``extra``."""
     g = hf_config.__getattribute__
-    d_model, n_layers = int(g("hidden_size")), int(g("num_hidden_layers"))
-    n_attn = int(g("num_attention_heads"))
-    d_head = int(getattr(hf_config, "head_dim", None) or d_model // n_attn)
+    d_model, n_layers, n_attn, d_head = attention_dims(hf_config)
     theta, partial = rope_of(hf_config)
     rope = getattr(hf_config, "position_embedding_type", None) == "rope"
     kinds = tuple("ssm" if t in ("mamba", "linear_attention") else "attn" for t in hf_config.layer_types)

@@ -39,7 +39,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.families.jamba import fuse_experts
 from gather_aggregate.adapters.gated_deltanet import GatedDeltaNetMixer
 from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
-from gather_aggregate.adapters.hybrid_config import HybridConfig, rope_of
+from gather_aggregate.adapters.hybrid_config import HybridConfig, attention_dims, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.streaming import TensorSource
 from gather_aggregate.errors import InputError
@@ -108,9 +108,7 @@ class SharedExpertMoE(SparseMoE):
 def qwen3_next_config_from_hf(hf_config: Any) -> HybridConfig:
     """``HybridConfig`` (SSM half: the DeltaNet geometry, ``family='gated_deltanet'``) from ``Qwen3NextConfig``."""
     g = hf_config.__getattribute__
-    d_model, n_layers = int(g("hidden_size")), int(g("num_hidden_layers"))
-    n_attn = int(g("num_attention_heads"))
-    d_head = int(getattr(hf_config, "head_dim", None) or d_model // n_attn)
+    d_model, n_layers, n_attn, d_head = attention_dims(hf_config)
     theta, partial = rope_of(hf_config)
     kinds = tuple("attn" if t == "full_attention" else "ssm" for t in hf_config.layer_types)
     n_exp, step = int(getattr(hf_config, "num_experts", 0) or 0), int(getattr(hf_config, "decoder_sparse_step", 1))
