@@ -208,15 +208,24 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         return self._logits(resid)
 
     def _embed_tokens(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
-        """The residual stream entering layer 0 (a family with its own embedding scale or stream overrides it)."""
-        embedded: Tensor = self.hook_embed(self.embed(tokens))
+        """The residual stream entering layer 0: the embedding, times ``cfg.extra["embedding_multiplier"]`` where
+        the config states one (the μP families, Granite-4 and Falcon-H1); a family with its own stream (Zamba2)
+        overrides it."""
+        x = self.embed(tokens)
+        scale = self.cfg.extra.get("embedding_multiplier")
+        embedded: Tensor = self.hook_embed(x if scale is None else x * scale)
         return embedded
 
     def _logits(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        """fp32 logits from the residual stream after the last layer: ``unembed(ln_final(resid))``."""
+        """fp32 logits from the residual stream after the last layer: ``unembed(ln_final(resid))``, scaled in the
+        model's dtype by :meth:`_scale_logits`."""
         h = self.ln_final(resid.to(self.ln_final.weight.dtype))
         W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W).float()
+        return self._scale_logits(torch.nn.functional.linear(h.to(device=W.device, dtype=W.dtype), W)).float()
+
+    def _scale_logits(self, logits: Tensor) -> Tensor:
+        """The unembedding's output as the family's HF model scales it (none here; μP families override)."""
+        return logits
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Like TransformerLens: ``(output, ActivationCache)``; all ``forward`` keywords pass through."""

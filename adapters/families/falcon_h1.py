@@ -238,14 +238,8 @@ class HookedFalconH1(HookedHybrid):
         """The Mamba-2 mixer of ``layer`` (every layer has one)."""
         return HookedSSM.ssm_mixer(self, layer)
 
-    def _embed_tokens(self, tokens: Tensor) -> Tensor:
-        embedded: Tensor = self.hook_embed(self.embed(tokens) * self.cfg.extra["embedding_multiplier"])
-        return embedded
-
-    def _logits(self, resid: Tensor) -> Tensor:
-        h = self.ln_final(resid)
-        W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return (F.linear(h.to(W.dtype), W) * self.cfg.extra["lm_head_multiplier"]).float()
+    def _scale_logits(self, logits: Tensor) -> Tensor:
+        return logits * self.cfg.extra["lm_head_multiplier"]
 
     def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
         L = self.check_layer(layer).index

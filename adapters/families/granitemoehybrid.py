@@ -22,7 +22,6 @@ import re
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
@@ -119,14 +118,8 @@ class HookedGraniteHybrid(HookedHybrid):
     def _make_blocks(self, cfg: HybridConfig) -> nn.ModuleList:  # type: ignore[override]
         return nn.ModuleList([GraniteBlock(cfg, i) for i in range(cfg.n_layers)])
 
-    def _embed_tokens(self, tokens: Tensor) -> Tensor:
-        embedded: Tensor = self.hook_embed(self.embed(tokens) * self.cfg.extra["embedding_multiplier"])
-        return embedded
-
-    def _logits(self, resid: Tensor) -> Tensor:
-        h = self.ln_final(resid)
-        W = self.embed.weight if self.unembed is None else self.unembed.weight
-        return (F.linear(h.to(W.dtype), W) / self.cfg.extra["logits_scaling"]).float()
+    def _scale_logits(self, logits: Tensor) -> Tensor:
+        return logits / self.cfg.extra["logits_scaling"]
 
 
 # ------------------------------------------------------------------------------ weights
