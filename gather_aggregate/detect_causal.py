@@ -56,7 +56,7 @@ class Prober:
             hooks = [(name, self._keep(got, la)) for la in range(1, model.n_layers)
                      if (name := model.resid_hook(la)) in getattr(model, "hook_dict", {})]
             with torch.no_grad():
-                parts.append(self._logprob(b, model.run_with_hooks(b.tokens, fwd_hooks=hooks)))
+                parts.append(self._logprob(b, model.run_with_hooks(b.tokens, fwd_hooks=hooks))[0])
             self.resid.append(got)
         if sum(t.numel() * t.element_size() for got in self.resid for t in got.values()) > RESID_CACHE_BYTES:
             self.resid = [{} for _ in self.batches]
@@ -83,27 +83,33 @@ class Prober:
         return float(torch.cat(parts).mean())
 
     @staticmethod
-    def _logprob(b: Any, logits: Tensor) -> Tensor:
-        """Per prompt: log-prob of the answer among the candidates' first tokens at the query position."""
-        q = logits[torch.arange(len(b)), b.query_pos].float()
-        cand = q.gather(1, b.cand_ids.clamp_min(0)).masked_fill(~b.cand_mask, float("-inf"))
-        return cand.log_softmax(-1).gather(1, b.answer[:, None])[:, 0]
+    def _logprob(b: Any, logits: Tensor, copies: int = 1) -> Tensor:
+        """Per copy and prompt (``[copies, batch]``; logits of ``copies`` stacked copies of the batch): log-prob of
+        the answer among the candidates' first tokens at the query position."""
+        nb, width = b.tokens.shape
+        q = logits.view(copies, nb, width, -1)[:, torch.arange(nb), b.query_pos].float()  # [copies, nb, vocab]
+        cand = q.gather(2, b.cand_ids.clamp_min(0).expand(copies, -1, -1)).masked_fill(~b.cand_mask, float("-inf"))
+        return cand.log_softmax(-1).gather(2, b.answer[None, :, None].expand(copies, -1, 1))[..., 0]
 
-    def _ablate_hooks(self, heads: Sequence[Head], mask: Tensor) -> list[tuple[str, Any]]:
-        by_layer: dict[int, list[int]] = {}
-        for la, h in heads:
-            by_layer.setdefault(la, []).append(h)
+    def _mask_hooks(self, b: Any, masks: dict[str, Tensor],
+                    copies: Sequence[Sequence[tuple[Sequence[Head], str]]]) -> list[tuple[str, Any]]:
+        """Hooks that zero, in copy ``c`` of the stacked batch, each ``heads`` of ``copies[c]`` at its ``where``:
+        one multiplicative mask per layer, ``[copies * batch, pos, heads]``."""
+        r, (nb, width) = len(copies), b.tokens.shape
+        keep: dict[int, Tensor] = {}  # layer -> [copies * nb, pos, heads] (1 = keep, 0 = zeroed)
+        for c, ablations in enumerate(copies):
+            for heads, where in ablations:
+                for la, h in heads:
+                    if la not in keep:
+                        keep[la] = torch.ones(r * nb, width, self.model.layers[la].n_heads, device=b.tokens.device)
+                    keep[la][c * nb:(c + 1) * nb, :, h] *= (~masks[where]).float()
         hooks = []
-        for la, hs in by_layer.items():
+        for la, k in keep.items():
             name, axis = self.model.head_hook(la)
 
-            def hook(z: Tensor, hook: Any, hs: list[int] = hs, axis: int = axis) -> Tensor:
-                z = z.clone()
-                keep = (~mask).to(z.dtype)[:, :, None]  # [b, pos, 1]
-                for h in hs:
-                    part = z.select(axis, h)  # [b, pos, d]
-                    part.mul_(keep[:, : part.shape[1]])
-                return z
+            def hook(z: Tensor, hook: Any, k: Tensor = k, axis: int = axis) -> Tensor:
+                m = k[:, : z.shape[1]].to(z.dtype).movedim(2, axis)  # heads onto z's head axis
+                return z * m.unsqueeze(-1)
 
             hooks.append((name, hook))
         return hooks
@@ -116,10 +122,8 @@ class Prober:
         parts: list[Tensor] = []
         captured: dict[Head, list[Tensor]] = {hd: [] for hd in capture}
         for bi, (b, masks) in enumerate(zip(self.batches, self.masks)):
-            hooks: list[tuple[str, Any]] = []
-            for where, heads in (ablate or {}).items():
-                if heads:
-                    hooks += self._ablate_hooks(list(heads), masks[where])
+            zeroed = [(list(heads), where) for where, heads in (ablate or {}).items() if heads]
+            hooks: list[tuple[str, Any]] = self._mask_hooks(b, masks, [zeroed]) if zeroed else []
             rows = torch.arange(len(b), device=b.tokens.device)
             for (la, h), vals in (patch or {}).items():
                 name, axis = self.model.head_hook(la)
@@ -144,7 +148,7 @@ class Prober:
                 logits = self.model.run_with_hooks(b.tokens, fwd_hooks=hooks) if hooks else self.model(b.tokens)
             self.n_forwards += 1
             self.n_passes += 1
-            parts.append(self._logprob(b, logits))
+            parts.append(self._logprob(b, logits)[0])
         return self._mean(parts), captured
 
     def loss(self, heads: Sequence[Head], where: str) -> float:
@@ -193,23 +197,9 @@ class Prober:
                  ablations: Sequence[tuple[Sequence[Head], str]]) -> Tensor:
         """Candidate log-probs ``[copies, batch]`` of one batch under each ablation, in one forward that starts
         at the earliest ablated layer (from the clean run's input to it, where kept)."""
-        r, (nb, width) = len(ablations), b.tokens.shape
-        keep: dict[int, Tensor] = {}  # layer -> [copies * nb, pos, heads] (1 = keep, 0 = zeroed)
-        for c, (heads, where) in enumerate(ablations):
-            for la, h in heads:
-                if la not in keep:
-                    keep[la] = torch.ones(r * nb, width, self.model.layers[la].n_heads, device=b.tokens.device)
-                keep[la][c * nb:(c + 1) * nb, :, h] = (~masks[where]).float()
-        hooks = []
-        for la, k in keep.items():
-            name, axis = self.model.head_hook(la)
-
-            def hook(z: Tensor, hook: Any, k: Tensor = k, axis: int = axis) -> Tensor:
-                m = k[:, : z.shape[1]].to(z.dtype).movedim(2, axis)  # heads onto z's head axis
-                return z * m.unsqueeze(-1)
-
-            hooks.append((name, hook))
-        start = min(keep)
+        r = len(ablations)
+        hooks = self._mask_hooks(b, masks, [[ab] for ab in ablations])
+        start = min(la for heads, _ in ablations for la, _ in heads)
         with torch.no_grad():
             if start in resid:
                 x = resid[start]
@@ -217,9 +207,7 @@ class Prober:
                     logits = self.model(x.repeat(r, *([1] * (x.dim() - 1))), start_at_layer=start)
             else:
                 logits = self.model.run_with_hooks(b.tokens.repeat(r, 1), fwd_hooks=hooks)
-        q = logits.view(r, nb, width, -1)[:, torch.arange(nb), b.query_pos].float()  # [copies, nb, vocab]
-        cand = q.gather(2, b.cand_ids.clamp_min(0).expand(r, -1, -1)).masked_fill(~b.cand_mask, float("-inf"))
-        return cand.log_softmax(-1).gather(2, b.answer[None, :, None].expand(r, -1, 1))[..., 0]
+        return self._logprob(b, logits, r)
 
 
 #: stacked ablations (:meth:`Prober.losses`): at most this many copies of a batch per forward, and their logits
