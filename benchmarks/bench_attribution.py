@@ -1,4 +1,4 @@
-"""Attribution against the exact scan: AtP, AtP*, integrated gradients and AtP + exact verification, one run.
+"""Attribution against the exact scan: AtP, AtP*, integrated gradients, AtP-softmax, exact verification; one run.
 
 For each model, on the same KV prompts and metric (mean log-prob of the right
 answer, or ``--metric logit_diff``), every estimator ranks every head and is
@@ -50,6 +50,8 @@ def bench(name: str, path, n: int, kind: str, steps: int, repeats: int) -> dict:
         "AtP*": dict(estimator="atp*"),
         f"IG k={steps}": dict(estimator="ig", steps=steps),
         f"AtP + exact top-{verify_count(heads)}": dict(estimator="atp", verify=verify_count(heads)),
+        "AtP-softmax": dict(estimator="atp-softmax"),
+        f"AtP-softmax + exact top-{verify_count(heads)}": dict(estimator="atp-softmax", verify=verify_count(heads)),
     }
     row = {"model": name, "heads": heads, "prompts": tuple(tokens.shape), "exact_s": t_exact, "methods": {}}
     for label, kw in methods.items():

@@ -38,6 +38,19 @@ A head's exact score is ``c(h) = M(clean) - M(h ablated)``
     through that layer's block (``ĉ_l``, ``L`` extra backwards); the score's
     magnitude is ``Σ_l |ĉ_l| / (L - 1)`` and it keeps the sign of the AtP* term.
 
+* **AtP with the output softmax exact** (``"atp-softmax"``): at a saturated
+  answer (log-prob near 0) every gradient through the output softmax is tiny
+  and its sign unreliable, although the logits themselves move.  So linearise
+  the *logits* instead of the metric: for the ``n`` tokens per readout row the
+  metric is most sensitive to (largest ``|∂M/∂ℓ|`` at the clean point: the
+  answer and its likeliest rivals), ``δℓ_h ≈ Δ_h · ∂ℓ/∂z_h`` (one backward per
+  token slot, one shared forward), and evaluate the metric exactly on the
+  clean readout logits with ``δℓ_h`` added: ``ĉ(h) = M(ℓ) - M(ℓ + δℓ_h)``.
+  For a metric linear in the logits (a logit difference) this is AtP.  It
+  needs a :class:`~gather_aggregate.readout.ReadoutMetric`; it leaves the
+  non-linearity inside the network (an attention softmax above the head) to
+  the first-order term, like AtP.
+
 All estimators hang their probes on the models' hooks inside ``with
 model.hooks(...)`` (gone when the call returns, also after an error) and take
 gradients with ``torch.autograd.grad`` (no ``.grad`` left on parameters).
@@ -50,24 +63,27 @@ from typing import Any, Literal
 
 import torch
 
-from gather_aggregate.attribution_paths import _estimates, _targets, path_gradients
+from gather_aggregate.attribution_paths import _estimates, _targets, path_gradients, readout_logit_changes
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Method, group_by_layer, head_outputs, make_replacement
 from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.readout import ReadoutMetric
 from gather_aggregate.scan import Metric, ScanResult, _check_metric, _prepare, _row
 
-Estimator = Literal["atp", "atp*", "ig"]
-ESTIMATORS = ("atp", "atp*", "ig")
+Estimator = Literal["atp", "atp*", "ig", "atp-softmax"]
+ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax")
 
 
 def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                      method: Method = "zero", reference: Any = None, *, estimator: Estimator = "ig",
                      steps: int = 4, graddrop: bool = True, verify: int = 0, per_position: bool = True,
-                     seed: int = 0) -> ScanResult:
+                     seed: int = 0, readout_tokens: int = 4) -> ScanResult:
     """Estimated ablation drop of every head in ``heads`` (default: all), by ``estimator``.
 
     ``estimator``: ``"atp"`` (one forward + backward), ``"ig"`` (``steps`` path points stacked in one forward +
-    backward), or ``"atp*"`` (AtP with the QK fix and GradDrop; see the module docstring).  The table has the
+    backward), ``"atp*"`` (AtP with the QK fix and GradDrop) or ``"atp-softmax"`` (the readout logits of
+    ``readout_tokens`` tokens per row linearised, the metric exact on them: one forward and
+    ``readout_tokens`` backwards per readout row; see the module docstring).  The table has the
     same columns as :func:`~gather_aggregate.scan.exact_scan`'s, so
     :func:`~gather_aggregate.scan.compare_rankings` compares them.
 
@@ -82,6 +98,12 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
         raise InputError(f"verify must be a non-negative int (heads to re-score exactly), got {verify!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise InputError(f"steps must be a positive int (path points of integrated gradients), got {steps!r}")
+    if not isinstance(readout_tokens, int) or isinstance(readout_tokens, bool) or readout_tokens < 1:
+        raise InputError(f"readout_tokens must be a positive int (logits linearised per readout row), "
+                         f"got {readout_tokens!r}")
+    if estimator == "atp-softmax" and not isinstance(metric, ReadoutMetric):
+        raise InputError("estimator='atp-softmax' needs a ReadoutMetric (it reads the logits the metric reads); "
+                         "wrap your metric: ReadoutMetric(fn, positions), or use estimator='atp'")
     tokens, heads = _prepare(model, tokens, heads, metric)
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
                            n_pos=tokens.shape[1])
@@ -96,6 +118,10 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
             clean = _check_metric(metric(model(tokens)), "clean run")
         est = _estimates(model, by_layer, terms, 1.0 / steps)
         meta["steps"] = steps
+    elif estimator == "atp-softmax":
+        assert isinstance(metric, ReadoutMetric)  # checked above, before any work
+        clean, est = _softmax_fixed(model, tokens, metric, targets, by_layer, readout_tokens)
+        meta["readout_tokens"] = readout_tokens
     elif estimator == "atp":
         clean, terms, _ = path_gradients(model, tokens, metric, targets, [0.0])
         est = _estimates(model, by_layer, terms)
@@ -120,3 +146,18 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
         meta["verified"] = len(short)
     return ScanResult(rows, meta).ranked()
 
+
+
+def _softmax_fixed(model: HookedModel, tokens: Any, metric: ReadoutMetric, targets: dict, by_layer: dict[int, list[int]],
+                   n_tokens: int) -> tuple[float, dict[Head, float]]:
+    """``M(ℓ) - M(ℓ + δℓ_h)`` per head, ``δℓ_h`` the first-order change of the chosen readout logits."""
+    logits_at, toks, delta = readout_logit_changes(model, tokens, metric, targets, n_tokens)
+    with torch.no_grad():
+        clean = _check_metric(metric.at_readout(logits_at), "clean run")
+        base = logits_at.double()
+        est = {}
+        for layer, hs in by_layer.items():
+            for h in hs:
+                moved = base.scatter_add(-1, toks, delta[layer][..., h])
+                est[(layer, h)] = clean - _check_metric(metric.at_readout(moved.to(logits_at.dtype)), "estimate")
+    return clean, est

@@ -107,3 +107,59 @@ def _estimates(model: HookedModel, by_layer: dict[int, list[int]], terms: dict[i
         for h in hs:
             out[(layer, h)] = -float(t.select(axis, h).sum()) * scale
     return out
+
+
+def readout_tokens(metric: Any, logits_at: Tensor, n_tokens: int) -> Tensor:
+    """The ``n_tokens`` vocabulary entries per readout row ``[batch, k, n]`` the metric is most sensitive to at
+    the clean point: largest ``|∂M/∂logit|`` (for an answer log-prob, the answer and its likeliest rivals; for a
+    logit difference, its two tokens)."""
+    x = logits_at.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        value = _check_differentiable(metric.at_readout(x))
+        (g,) = torch.autograd.grad(value, x)
+    return g.abs().topk(min(n_tokens, g.shape[-1]), dim=-1).indices
+
+
+def readout_logit_changes(model: HookedModel, tokens: Tensor, metric: Any, targets: dict[int, tuple[Tensor, Tensor]],
+                          n_tokens: int) -> tuple[Tensor, Tensor, dict[int, Tensor]]:
+    """First-order change of the readout logits of ``n_tokens`` tokens per row, for every scanned head ablated.
+
+    One forward with a zero probe on every scanned layer's head outputs, then one backward per (readout row
+    ``j``, token slot ``t``) through the same graph: ``δ_h[b, j, t] = Σ_pos,d (z'_h - z_h) ⊙ ∂ℓ[b, j, tok]/∂z_h``.
+    The prompts of a batch do not interact, so the sum over ``b`` of one slot's logits gives every prompt's own
+    gradient in one backward.  Returns the clean readout logits ``[batch, k, vocab]``, the tokens
+    ``[batch, k, n]`` and per layer ``δ`` ``[batch, k, n, heads]``.
+    """
+    probes: dict[int, Tensor] = {}
+    steps: dict[int, Tensor] = {}
+
+    def probe_hook(layer: int) -> Callable:
+        target, mask = targets[layer]
+
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            steps[layer] = ((target.to(z.dtype) - z) * mask.to(z.dtype)).detach()
+            return add_probe(probes, layer, z)
+
+        return hook
+
+    fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in targets]
+    with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
+        logits_at = metric.select(model(tokens))  # [batch, k, vocab]
+        toks = readout_tokens(metric, logits_at, n_tokens)  # [batch, k, n]
+        chosen = logits_at.gather(-1, toks)  # [batch, k, n]
+        layers = list(targets)
+        delta: dict[int, Tensor] = {}
+        slots = [(j, t) for j in range(toks.shape[1]) for t in range(toks.shape[2])]
+        for i, (j, t) in enumerate(slots):
+            grads = torch.autograd.grad(chosen[:, j, t].sum(), [probes[layer] for layer in layers],
+                                        retain_graph=i < len(slots) - 1, allow_unused=True)
+            for layer, g in zip(layers, grads):
+                axis = model.head_hook(layer)[1]
+                step = steps[layer]
+                if layer not in delta:
+                    delta[layer] = step.new_zeros(*toks.shape, step.shape[axis], dtype=torch.float64)
+                if g is None:
+                    continue
+                term = (step * g).double().movedim(axis, -1)  # [batch, ..., heads]
+                delta[layer][:, j, t] = term.reshape(term.shape[0], -1, term.shape[-1]).sum(1)
+    return logits_at.detach(), toks, delta

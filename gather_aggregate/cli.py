@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("scan")
     _model(p), _task(p)
-    p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig"], default="exact",
-                   help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients")
+    p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig", "atp-softmax"], default="exact",
+                   help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients, "
+                        "AtP with the output softmax exact")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")
     p.add_argument("--workers", type=_int_type("--workers", 1), default=2, help="Ray workers (with --ray)")

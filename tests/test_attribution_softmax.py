@@ -1,0 +1,111 @@
+"""AtP with the output softmax exact (``estimator="atp-softmax"``) against a per-head forward-mode oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gather_aggregate import errors
+from gather_aggregate.attribution import attribution_scan
+from gather_aggregate.attribution_paths import readout_tokens
+from gather_aggregate.interventions import make_replacement
+from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.readout import ReadoutMetric
+
+
+def _model(which: str):
+    from gather_aggregate import from_hf_model
+
+    if which == "llama":
+        from gather_aggregate.testing import tiny_llama
+
+        hf, tok = tiny_llama(num_hidden_layers=3, seed=5)
+        return from_hf_model(hf, tok)
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    torch.manual_seed(1)
+    hf = Mamba2ForCausalLM(Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, state_size=8,
+                                        head_dim=8, num_heads=8, n_groups=2, expand=2, conv_kernel=4)).eval()
+    return from_hf_model(hf)
+
+
+def _inputs(model, temperature: float = 1.0):
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, model.d_vocab, (3, 10), generator=g)
+    with torch.no_grad():
+        answer = model(tokens)[:, -1].argmax(-1)  # the model's own top token: a confident, saturating answer
+
+    def logprob(la):
+        return (la[:, 0] * temperature).log_softmax(-1).gather(1, answer[:, None]).mean()
+
+    return tokens, ReadoutMetric(logprob, -1)
+
+
+def _oracle(model, tokens, metric, head, toks):
+    """The metric on the clean readout logits plus the head's first-order logit change, by forward-mode
+    differentiation of ``α ↦ ℓ(z_h + α Δ_h)`` at ``α = 0`` for this head alone."""
+    layer, h = head
+    name, axis = model.head_hook(layer)
+    rep = make_replacement(model, [head], "zero", None, n_pos=tokens.shape[1])
+
+    def logits_at(alpha):
+        def hook(z, hook):
+            zh = z.select(axis, h)
+            new = zh + alpha * (rep.values(layer, h, zh.detach()) - zh.detach())
+            return torch.cat([z.narrow(axis, 0, h), new.unsqueeze(axis), z.narrow(axis, h + 1, z.shape[axis] - h - 1)],
+                             axis)
+
+        with model.hooks(fwd_hooks=[(name, hook)]):
+            return metric.select(model(tokens)).gather(-1, toks)
+
+    with torch.no_grad():
+        clean_at = metric.select(model(tokens))
+    _, tangent = torch.autograd.functional.jvp(logits_at, torch.zeros(()), torch.ones(()))
+    moved = clean_at.double().scatter_add(-1, toks, tangent.double())
+    return float(metric.at_readout(clean_at)) - float(metric.at_readout(moved.float()))
+
+
+@pytest.mark.parametrize("which", ["llama", "mamba2"])
+def test_estimate_is_the_metric_on_first_order_logits_head_by_head(which):
+    model = _model(which)
+    tokens, metric = _inputs(model, temperature=4.0)
+    before = param_checksum(model)
+    res = attribution_scan(model, tokens, metric, estimator="atp-softmax", readout_tokens=3)
+    with torch.no_grad():
+        toks = readout_tokens(metric, metric.select(model(tokens)), 3)
+    for head in model.all_heads()[::3]:
+        assert res.score(*head) == pytest.approx(_oracle(model, tokens, metric, head, toks), rel=1e-4, abs=1e-6)
+    assert res.meta["readout_tokens"] == 3
+    assert count_hooks(model) == 0 and param_checksum(model) == before
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_metric_linear_in_the_logits_gets_plain_atp():
+    model = _model("llama")
+    tokens, _ = _inputs(model)
+    g = torch.Generator().manual_seed(4)
+    right, wrong = torch.randint(0, model.d_vocab, (2, tokens.shape[0]), generator=g)
+    rows = torch.arange(tokens.shape[0])
+    diff = ReadoutMetric(lambda la: (la[rows, 0, right] - la[rows, 0, wrong]).mean(), -1)
+    fixed = attribution_scan(model, tokens, diff, estimator="atp-softmax").scores()
+    atp = attribution_scan(model, tokens, diff, estimator="atp").scores()
+    for hd, v in atp.items():
+        assert fixed[hd] == pytest.approx(v, rel=1e-4, abs=1e-6)
+
+
+def test_the_chosen_tokens_are_the_answer_and_its_rivals():
+    logits = torch.tensor([[[0.0, 5.0, 1.0, 4.0, -2.0]]])
+    answer = torch.tensor([1])
+    metric = ReadoutMetric(lambda la: la[:, 0].log_softmax(-1).gather(1, answer[:, None]).mean(), -1)
+    assert readout_tokens(metric, logits, 2)[0, 0].tolist() == [1, 3]
+    assert sorted(readout_tokens(metric, logits, 9)[0, 0].tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_bad_inputs_are_one_line_errors():
+    model = _model("llama")
+    tokens, metric = _inputs(model)
+    with pytest.raises(errors.InputError, match="needs a ReadoutMetric"):
+        attribution_scan(model, tokens, lambda lg: lg[:, -1].log_softmax(-1)[:, 0].mean(), estimator="atp-softmax")
+    with pytest.raises(errors.InputError, match="readout_tokens must be a positive int"):
+        attribution_scan(model, tokens, metric, estimator="atp-softmax", readout_tokens=0)
+    assert count_hooks(model) == 0
