@@ -55,7 +55,6 @@ from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
 from gather_aggregate.adapters.streaming import TensorSource, resolve_dtype
 from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
-from gather_aggregate.protocol import LayerInfo
 
 MODEL_TYPE = "llamba"
 _BLOCK_EPS = 1e-5  # the reference's block norms ignore norm_epsilon
@@ -154,11 +153,6 @@ class HookedLlamba(HookedSSM):
 
     def _make_blocks(self, cfg: SSMConfig) -> nn.ModuleList:
         return nn.ModuleList([LlambaBlock(cfg) for _ in range(cfg.n_layers)])
-
-    @property
-    def layers(self) -> list[LayerInfo]:
-        c = self.cfg
-        return [LayerInfo(i, "ssm", c.n_heads, c.d_head, f"blocks.{i}.ssm.hook_head_out") for i in range(c.n_layers)]
 
     def ssm_layer_params(self, layer: int) -> SSMParams:
         """``A = -1`` per head (the decay is ``exp(-Δ)``) and ``D`` per head (implied attention and masking are
