@@ -10,7 +10,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import torch
@@ -43,19 +43,24 @@ def check_matches_hf(hf: Any, load: Callable[[Any], Any], toks: torch.Tensor) ->
 
 
 def check_mamba2_heads_rebuilt(model: HookedHybrid, toks: torch.Tensor) -> None:
-    """Implied attention rebuilds every Mamba-2 head: ``y = α x + D x`` to a relative 1e-5."""
+    """Implied attention rebuilds every Mamba-2 head of every layer that has some (a whole SSM layer, or the
+    Mamba-2 heads beside attention in one layer): ``y = α x + D x`` to a relative 1e-5."""
     _, cache = model.run_with_cache(toks)
-    for L in model.cfg.ssm_layers:
-        H, P = model.cfg.n_heads, model.cfg.d_head
-        alpha = model.pattern(cache, L)
+    for info in model.layers:
+        if not (ssm_heads := info.heads_of("ssm")):
+            continue
+        L, H, P = info.index, model.cfg.n_heads, model.cfg.d_head
+        alpha = model.pattern(cache, L, heads=ssm_heads)
         x = cache[f"blocks.{L}.ssm.hook_x"].unflatten(-1, (H, P))
         y = cache[f"blocks.{L}.ssm.hook_y"].unflatten(-1, (H, P))
         rebuilt = torch.einsum("bhts,bshp->bthp", alpha, x) + model.ssm_layer_params(L).D[:, None] * x
         assert float((rebuilt - y).norm() / y.norm()) <= 1e-5
 
 
-def save_and_load(make_hf: Callable[..., Any], seed: int, tmp_dir: Path) -> tuple[Any, Any, Any, Any, Path]:
-    """A tiny HF model on the toy world's tokenizer, saved to ``tmp_dir`` and loaded back.
+def save_and_load(make_hf: Callable[..., Any], seed: int, tmp_dir: Path, **overrides: Any
+                  ) -> tuple[Any, Any, Any, Any, Path]:
+    """A tiny HF model (``make_hf(seed, **overrides)``) on the toy world's tokenizer, saved to ``tmp_dir`` and
+    loaded back.
 
     Returns ``(world, tokenizer, hf, model, directory)``.
     """
@@ -65,24 +70,26 @@ def save_and_load(make_hf: Callable[..., Any], seed: int, tmp_dir: Path) -> tupl
 
     world = make_world(seed=0)
     tok = build_tokenizer(world)
-    hf = make_hf(seed, vocab_size=len(tok))
+    hf = make_hf(seed, vocab_size=len(tok), **overrides)
     d = save_model_dir(hf, tok, tmp_dir)
     return world, tok, hf, load_model(d), d
 
 
 def check_protocol_on_disk(hf: Any, model: HookedHybrid, attn_layer: int = 1) -> tuple[torch.Tensor, Any]:
-    """Logits equal HF's, the attention layer's pattern rows sum to one, and resuming at a layer is exact."""
+    """Logits equal HF's and the attention heads' pattern rows of ``attn_layer`` sum to one."""
     toks = tokens(model.d_vocab, L=30)
     logits, cache = model.run_with_cache(toks)
     with torch.no_grad():
         torch.testing.assert_close(logits, hf(toks, use_cache=False).logits, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(model.pattern(cache, attn_layer).sum(-1), torch.ones(2, 4, 30))
+    heads = model.layers[attn_layer].heads_of("attn")
+    torch.testing.assert_close(model.pattern(cache, attn_layer, heads=heads).sum(-1), torch.ones(2, len(heads), 30))
     return logits, cache
 
 
-def check_scan_and_detector(saved: tuple, n_layers: int, n_scores: int) -> Any:
-    """The exact scan equals the naive one on heads 0 and 3 of every layer; the detector runs on both kinds;
-    the model comes back unchanged and hook-free. Returns the model."""
+def check_scan_and_detector(saved: tuple, n_layers: int, n_scores: int, scan_heads: tuple[int, ...] = (0, 3)) -> Any:
+    """The exact scan equals the naive one on heads ``scan_heads`` of every layer, each row of the scan and of the
+    pattern scores carrying its head's kind; the detector runs on both kinds; the model comes back unchanged and
+    hook-free. Returns the model."""
     from gather_aggregate.detect import find_ga_heads, pattern_scores
     from gather_aggregate.scan import exact_scan, naive_scan
     from gather_aggregate.tasks.kv import KVRetrieval
@@ -95,15 +102,18 @@ def check_scan_and_detector(saved: tuple, n_layers: int, n_scores: int) -> Any:
     def metric(logits):
         return logits[:, -1].log_softmax(-1).gather(1, target[:, None]).mean()
 
-    heads = [(L, h) for L in range(n_layers) for h in (0, 3)]
+    heads = [(L, h) for L in range(n_layers) for h in scan_heads]
     exact = exact_scan(model, toks, metric, heads=heads, progress=False, max_rows=8)
     naive = naive_scan(model, toks, metric, heads=heads, progress=False)
     assert {r["kind"] for r in exact.rows} == {"attn", "ssm"}
     for layer, head in heads:
         assert exact.score(layer, head) == pytest.approx(naive.score(layer, head), abs=1e-5)
+        kinds = [r["kind"] for r in exact.rows if (r["layer"], r["head"]) == (layer, head)]
+        assert kinds == [model.head_kinds(layer)[head]], (layer, head, kinds)
     examples = KVRetrieval(n_pairs=4, keys=world.kv_keys, values=world.kv_values).examples(tok, n=4, seed=1)
     table = pattern_scores(model, examples)
     assert {r["kind"] for r in table} == {"attn", "ssm"} and len(table) == n_scores
+    assert all(r["kind"] == model.head_kinds(r["layer"])[r["head"]] for r in table)
     assert find_ga_heads(model, examples, scores=table) is not None
     assert param_checksum(model) == before and count_hooks(model) == 0
     return model
@@ -139,6 +149,8 @@ class HybridFamilySuite:
     layer_kinds: tuple[str, ...] = ("ssm", "attn", "ssm")
     lengths: tuple[int, int, int] = (9, 33, 50)  # prompt lengths of the random-config tests, cycled by seed
     saved_seed = 4  # the seed of the model saved to disk
+    saved_overrides: ClassVar[dict[str, Any]] = {}  # config overrides of the model saved to disk
+    scan_heads: tuple[int, ...] = (0, 3)  # the heads of each layer the exact and naive scans compare
     n_layers = 3  # protocol layers of the saved model
     n_scores = 8 + 4 + 8  # rows of its pattern-score table
 
@@ -171,7 +183,8 @@ class HybridFamilySuite:
 
     @pytest.fixture(scope="class")
     def saved(self, tmp_path_factory):
-        return save_and_load(type(self).make_hf, self.saved_seed, tmp_path_factory.mktemp(type(self).__name__))
+        return save_and_load(type(self).make_hf, self.saved_seed, tmp_path_factory.mktemp(type(self).__name__),
+                             **self.saved_overrides)
 
     def test_load_model_from_disk_and_protocol(self, saved):
         _, _, hf, model, _ = saved
@@ -181,7 +194,8 @@ class HybridFamilySuite:
         self.check_loaded(hf, model, logits, cache)
 
     def test_exact_scan_and_detector_run(self, saved):
-        self.check_saved(check_scan_and_detector(saved, n_layers=self.n_layers, n_scores=self.n_scores))
+        self.check_saved(check_scan_and_detector(saved, n_layers=self.n_layers, n_scores=self.n_scores,
+                                                 scan_heads=self.scan_heads))
 
     def test_a_checkpoint_whose_config_disagrees_is_refused(self, saved, tmp_path):
         self.check_refusal(refused_config_message(saved[4], tmp_path, self.edit_config))
