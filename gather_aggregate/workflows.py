@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -79,20 +80,13 @@ def run_zoo(args: argparse.Namespace) -> int:
         for name, path in list_zoo().items():
             print(f"{name}\t{path}")
         return 0
-    import dataclasses
-    import json
+    from gather_aggregate.training.train import train
+    from gather_aggregate.training.train_args import config_from_args
 
-    from gather_aggregate.training.train import TrainConfig, train
-
-    try:
-        mixture = json.loads(args.mixture)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--mixture is not JSON ({exc}); e.g. --mixture '{{\"kv\": 0.5}}'") from None
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    kw = {k: v for k, v in vars(args).items() if k in fields and k not in ("mixture", "out", "progress")}
+    cfg = config_from_args(args, out="")  # the JSON of --mixture is checked before the folder is made
     out = out_dir(args.out, f"ga_out/zoo-{args.arch}")
     print(f"training a {args.arch} zoo model for {args.stop_after or args.steps} steps -> {out}")
-    train(TrainConfig(mixture=mixture, out=str(out), progress=_progress(args), **kw))
+    train(dataclasses.replace(cfg, out=str(out), progress=_progress(args)))
     return 0
 
 

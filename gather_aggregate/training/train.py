@@ -36,62 +36,11 @@ import torch
 
 from gather_aggregate.training.data import Mixture, collate, length_bucketed, sample_doc
 from gather_aggregate.training.quick_eval import eval_suite, suite_accuracies
-from gather_aggregate.training.train_args import ARCHS
+from gather_aggregate.training.train_args import ARCHS, TrainConfig, add_train_arguments, config_from_args
 from gather_aggregate.training.vocab import PAD, World, build_tokenizer, make_world, save_world
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel
-
-# Default sizes per architecture (overridable from the CLI).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(d_model=128, n_layers=3, n_heads=4, d_ff=256, lr=1e-3),
-    "mamba2": dict(d_model=128, n_layers=4, n_heads=8, d_state=32, lr=2e-3),
-    "mamba1": dict(d_model=128, n_layers=4, d_state=16, lr=2e-3),
-    # a hybrid: Mamba-2 layers with attention at ``attn_layers`` (default: the last layer)
-    "bamba": dict(d_model=128, n_layers=2, n_heads=4, d_ff=256, d_state=32, lr=1e-3),
-}
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    arch: str = "llama"
-    out: str = "zoo_out"
-    steps: int = 6000
-    seed: int = 0
-    world_seed: int = 0
-    threads: int = 1
-    batch_size: int = 64
-    bucket: int = 4
-    lr: float | None = None
-    warmup: int = 100
-    weight_decay: float = 0.1
-    d_model: int | None = None
-    n_layers: int | None = None
-    n_heads: int | None = None
-    d_ff: int | None = None
-    d_state: int | None = None
-    kv_start: int = 4
-    kv_max: int = 16
-    curriculum: float = 0.4
-    eval_every: int = 250
-    eval_n: int = 128
-    max_minutes: float = 90.0
-    log_every: int = 50
-    mixture: dict[str, Any] = dataclasses.field(default_factory=dict)
-    attn_layers: list[int] | None = None  # bamba only: indices of the attention layers
-    init: str | None = None  # warm start: a model directory written by this script (same --arch)
-    grow_to: int | None = None  # llama warm start only: append identity-initialised layers up to this depth
-    keep_checkpoints: bool = False  # also keep each eval's checkpoint in <out>/checkpoints/step<N>
-    stop_after: int | None = None  # stop after this many steps; the learning-rate schedule still spans `steps`
-    progress: bool = True  # a tqdm bar over the steps (the log lines stay)
-
-    def resolved(self) -> TrainConfig:
-        cfg = dataclasses.replace(self)
-        for k, v in DEFAULTS[self.arch].items():
-            if getattr(cfg, k) is None:
-                setattr(cfg, k, v)
-        return cfg
-
 
 def build_model(cfg: TrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Any:
     """A freshly initialised HF causal LM for ``cfg.arch`` (seeded by ``cfg.seed``)."""
@@ -313,14 +262,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    from gather_aggregate.training.train_args import add_train_arguments
-
     p = argparse.ArgumentParser(prog="gather-aggregate zoo train", description=__doc__.split("\n\n")[0])
     add_train_arguments(p)
-    a = p.parse_args(argv)
-    kw = {k: v for k, v in vars(a).items() if k not in ("mixture", "no_progress")}
-    kw["progress"] = not a.no_progress
-    return TrainConfig(mixture=json.loads(a.mixture), **kw)
+    return config_from_args(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:

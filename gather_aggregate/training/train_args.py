@@ -1,11 +1,27 @@
-"""The options of ``gather-aggregate zoo train`` (light: no torch), shared by the CLI and :mod:`.train`."""
+"""What ``gather-aggregate zoo train`` takes (light: no torch): :class:`TrainConfig`, whose fields are also the
+command-line options (:func:`add_train_arguments` builds them from the fields' help texts), shared by the CLI and
+:mod:`.train`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+from typing import Any
+
+from gather_aggregate.errors import InputError
 
 #: architectures ``zoo train`` builds (HF classes: Llama, Mamba-2, Mamba-1, Bamba)
 ARCHS = ("llama", "mamba2", "mamba1", "bamba")
+
+# Default sizes per architecture (overridable from the CLI).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(d_model=128, n_layers=3, n_heads=4, d_ff=256, lr=1e-3),
+    "mamba2": dict(d_model=128, n_layers=4, n_heads=8, d_state=32, lr=2e-3),
+    "mamba1": dict(d_model=128, n_layers=4, d_state=16, lr=2e-3),
+    # a hybrid: Mamba-2 layers with attention at ``attn_layers`` (default: the last layer)
+    "bamba": dict(d_model=128, n_layers=2, n_heads=4, d_ff=256, d_state=32, lr=1e-3),
+}
 
 
 def _layers(v: str) -> list[int]:
@@ -15,39 +31,97 @@ def _layers(v: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--attn-layers takes comma-separated layer indices, got {v!r}") from None
 
 
+def _option(default: Any, help_text: str, *, factory: Any = None, **argparse_settings: Any) -> Any:
+    """A field that is also a ``zoo train`` option ``--<name-with-dashes>``: its help text, and argparse settings
+    beyond the type read off the annotation (``flag``: another option string; ``cli_default``: the option's own
+    default where it is not the field's).  ``factory`` makes a mutable default."""
+    metadata = {"help": help_text, **argparse_settings}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """One training run; every field but ``weight_decay`` is a ``zoo train`` option (``None``: per architecture,
+    :data:`DEFAULTS`)."""
+
+    arch: str = _option("llama", "architecture to train", choices=ARCHS)
+    out: str = _option("zoo_out", "model directory to write (created if missing)", cli_default=None)
+    steps: int = _option(6000, "training steps")
+    seed: int = _option(0, "seed of the weights and the data order")
+    world_seed: int = _option(0, "seed of the vocabulary and facts (keep 0 for the zoo)")
+    threads: int = _option(1, "torch CPU threads")
+    batch_size: int = _option(64, "sequences per step")
+    bucket: int = _option(4, "batches drawn at once and grouped by length")
+    lr: float | None = _option(None, "peak learning rate (default: per architecture)")
+    warmup: int = _option(100, "learning-rate warm-up steps")
+    weight_decay: float = 0.1
+    d_model: int | None = _option(None, "model width (default: per architecture)")
+    n_layers: int | None = _option(None, "layers (default: per architecture)")
+    n_heads: int | None = _option(None, "heads per layer (default: per architecture)")
+    d_ff: int | None = _option(None, "MLP width (default: per architecture)")
+    d_state: int | None = _option(None, "SSM state size (default: per architecture)")
+    kv_start: int = _option(4, "KV dictionary size at the start of the curriculum")
+    kv_max: int = _option(16, "largest KV dictionary size")
+    curriculum: float = _option(0.4, "share of the steps over which KV size grows")
+    eval_every: int = _option(250, "steps between evaluations (and checkpoints)")
+    eval_n: int = _option(128, "prompts per evaluation")
+    max_minutes: float = _option(90.0, "stop after this many minutes")
+    log_every: int = _option(50, "steps between loss lines in the log")
+    mixture: dict[str, Any] = _option(None, 'JSON overrides of data.Mixture, e.g. \'{"kv": 0.5}\'', factory=dict,
+                                       cli_default="{}")
+    attn_layers: list[int] | None = _option(
+        None, "bamba only: comma-separated attention layer indices (default: the last layer)", type=_layers)
+    init: str | None = _option(None, "warm-start from a model directory this script wrote (same --arch)")
+    grow_to: int | None = _option(
+        None, "llama with --init only: append identity-initialised layers up to N layers", metavar="N")
+    keep_checkpoints: bool = _option(
+        False, "also keep every eval's checkpoint, in <out>/checkpoints/step<N> (for curriculum stages)")
+    stop_after: int | None = _option(
+        None, "stop after N steps while the learning-rate schedule still spans --steps (a stage that takes the "
+              "step-N checkpoint of a longer run)", metavar="N")
+    progress: bool = _option(True, "no progress bar (the log lines stay)", flag="--no-progress")
+
+    def resolved(self) -> TrainConfig:
+        cfg = dataclasses.replace(self)
+        for k, v in DEFAULTS[self.arch].items():
+            if getattr(cfg, k) is None:
+                setattr(cfg, k, v)
+        return cfg
+
+
+#: the argparse type of an annotation's first member (``str``: argparse's own default)
+_TYPES: dict[str, Any] = {"int": int, "float": float}
+
+
 def add_train_arguments(p: argparse.ArgumentParser, *, out_required: bool = True) -> None:
-    """Add the training options to ``p`` (every one with a help text; defaults shown by the CLI's formatter)."""
-    p.add_argument("--arch", choices=ARCHS, default="llama", help="architecture to train")
-    p.add_argument("--out", required=out_required, default=None,
-                   help="model directory to write (created if missing)"
-                        + ("" if out_required else "; default ga_out/zoo-<arch>"))
-    p.add_argument("--steps", type=int, default=6000, help="training steps")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data order")
-    p.add_argument("--world-seed", type=int, default=0, help="seed of the vocabulary and facts (keep 0 for the zoo)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences per step")
-    p.add_argument("--bucket", type=int, default=4, help="batches drawn at once and grouped by length")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per architecture)")
-    p.add_argument("--warmup", type=int, default=100, help="learning-rate warm-up steps")
-    for name, what in (("d-model", "model width"), ("n-layers", "layers"), ("n-heads", "heads per layer"),
-                       ("d-ff", "MLP width"), ("d-state", "SSM state size")):
-        p.add_argument(f"--{name}", type=int, default=None, help=f"{what} (default: per architecture)")
-    p.add_argument("--kv-start", type=int, default=4, help="KV dictionary size at the start of the curriculum")
-    p.add_argument("--kv-max", type=int, default=16, help="largest KV dictionary size")
-    p.add_argument("--curriculum", type=float, default=0.4, help="share of the steps over which KV size grows")
-    p.add_argument("--eval-every", type=int, default=250, help="steps between evaluations (and checkpoints)")
-    p.add_argument("--eval-n", type=int, default=128, help="prompts per evaluation")
-    p.add_argument("--max-minutes", type=float, default=90.0, help="stop after this many minutes")
-    p.add_argument("--log-every", type=int, default=50, help="steps between loss lines in the log")
-    p.add_argument("--mixture", type=str, default="{}", help='JSON overrides of data.Mixture, e.g. \'{"kv": 0.5}\'')
-    p.add_argument("--attn-layers", type=_layers, default=None,
-                   help="bamba only: comma-separated attention layer indices (default: the last layer)")
-    p.add_argument("--grow-to", type=int, default=None, metavar="N",
-                   help="llama with --init only: append identity-initialised layers up to N layers")
-    p.add_argument("--init", default=None, help="warm-start from a model directory this script wrote (same --arch)")
-    p.add_argument("--keep-checkpoints", action="store_true",
-                   help="also keep every eval's checkpoint, in <out>/checkpoints/step<N> (for curriculum stages)")
-    p.add_argument("--stop-after", type=int, default=None, metavar="N",
-                   help="stop after N steps while the learning-rate schedule still spans --steps (a stage that "
-                        "takes the step-N checkpoint of a longer run)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (the log lines stay)")
+    """Add the training options to ``p``, one per :class:`TrainConfig` field with a help text (defaults shown by
+    the CLI's formatter).  A ``bool`` field is a switch that flips its default."""
+    for f in dataclasses.fields(TrainConfig):
+        if "help" not in f.metadata:
+            continue
+        settings = {k: v for k, v in f.metadata.items() if k not in ("flag", "cli_default")}
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        if f.type == "bool":
+            settings["action"] = "store_true"
+        else:
+            settings["default"] = f.metadata.get("cli_default", f.default)
+            if (kind := _TYPES.get(str(f.type).split(" | ")[0])) is not None:
+                settings.setdefault("type", kind)
+        if f.name == "out":
+            settings["required"] = out_required
+            settings["help"] += "" if out_required else "; default ga_out/zoo-<arch>"
+        p.add_argument(flag, **settings)
+
+
+def config_from_args(args: argparse.Namespace, **fields: Any) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed options (``--mixture`` read as JSON), with ``fields`` set on top."""
+    try:
+        mixture = json.loads(args.mixture)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--mixture is not JSON ({exc}); e.g. --mixture '{{\"kv\": 0.5}}'") from None
+    given = vars(args)
+    kw = {f.name: given[f.name] for f in dataclasses.fields(TrainConfig) if f.name in given}
+    kw.update(mixture=mixture, progress=not given.get("no_progress", False), **fields)
+    return TrainConfig(**kw)
