@@ -95,10 +95,7 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
     def __init__(self, cfg: SSMConfig, *, dtype: torch.dtype | None = None, device: Any = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.n_ctx = None
         self.d_vocab = cfg.d_vocab
-        self.tokenizer = None
-        self.check_finite = False
         self.max_pattern_bytes = DEFAULT_PATTERN_BUDGET
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.hook_embed = HookPoint()

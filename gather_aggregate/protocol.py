@@ -90,6 +90,7 @@ class HookedModel(Protocol):
     """
 
     tokenizer: Any
+    d_vocab: int
 
     @property
     def layers(self) -> list[LayerInfo]: ...
@@ -145,14 +146,14 @@ class HookedModel(Protocol):
 class ProtocolMixin:
     """Shared, model-agnostic half of the protocol.
 
-    Subclasses must provide ``layers``, ``tokenizer``, ``n_ctx`` (``None`` when
-    unbounded, as for SSMs), ``d_vocab``, ``forward``-style ``__call__``,
+    Subclasses must provide ``layers``, ``d_vocab``, ``tokenizer`` and ``n_ctx``
+    where not the defaults below, ``forward``-style ``__call__``,
     ``run_with_cache``, ``run_with_hooks``, ``hooks`` and ``_pattern``.
     """
 
-    n_ctx: int | None
+    n_ctx: int | None = None  # a model built here has no context limit (recurrent mixers or rotary positions)
     d_vocab: int
-    tokenizer: Any
+    tokenizer: Any = None  # until a loader attaches one
     #: Debug mode: check inputs and every hook output for NaN/inf.
     check_finite: bool = False
 

@@ -50,10 +50,7 @@ class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
     def __init__(self, cfg: HeadHybridConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.n_ctx = None
         self.d_vocab = cfg.d_vocab
-        self.tokenizer = None
-        self.check_finite = False
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([HeadHybridBlock(cfg, L) for L in range(cfg.n_layers)])
