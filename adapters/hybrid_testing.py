@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from gather_aggregate.adapters.testing import hf_logits, norm_weights, redraw, seeded_hf, ssm_rules
+
 
 def hf_hybrid_config(model_type: str, **overrides: Any) -> Any:
     """A small ``BambaConfig`` / ``JambaConfig`` / ``Zamba2Config``; ``overrides`` replace any field."""
@@ -41,24 +43,13 @@ def hf_hybrid_config(model_type: str, **overrides: Any) -> Any:
     raise ValueError(f"unknown hybrid model_type {model_type!r}; use 'bamba', 'jamba' or 'zamba2'")
 
 
-@torch.no_grad()
 def stress_hybrid(hf_model: Any, seed: int = 0) -> Any:
     """Re-draw SSM parameters and norm weights far from HF's gentle init (in place, on a model the caller owns)."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in hf_model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.empty(p.shape).uniform_(-2.0, 2.0, generator=g))
-        elif name.endswith("dt_proj.bias") or name.endswith("dt_bias"):
-            p.copy_(torch.empty(p.shape).uniform_(-4.0, 2.0, generator=g))
-        elif name.endswith(".D"):
-            p.copy_(torch.randn(p.shape, generator=g))
-        elif "norm" in name and name.endswith("weight"):
-            p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
-        elif "adapter_list" in name:
-            p.copy_(0.3 * torch.randn(p.shape, generator=g))  # LoRA adapters that matter
-        elif name.endswith("router.weight"):
-            p.copy_(torch.randn(p.shape, generator=g))  # sharper routing: exercises top-k selection
-    return hf_model
+    return redraw(hf_model, seed, [
+        *ssm_rules(a_log_high=2.0), (lambda n: "norm" in n and n.endswith("weight"), norm_weights),
+        (lambda n: "adapter_list" in n, lambda s, g: 0.3 * torch.randn(s, generator=g)),  # LoRA adapters that matter
+        (lambda n: n.endswith("router.weight"), lambda s, g: torch.randn(s, generator=g)),  # sharper top-k routing
+    ])
 
 
 def tiny_hf_hybrid(model_type: str = "bamba", *, seed: int = 0, stress: bool = False, **overrides: Any) -> Any:
@@ -66,13 +57,8 @@ def tiny_hf_hybrid(model_type: str = "bamba", *, seed: int = 0, stress: bool = F
     from transformers import BambaForCausalLM, JambaForCausalLM, Zamba2ForCausalLM
 
     cls = {"bamba": BambaForCausalLM, "jamba": JambaForCausalLM, "zamba2": Zamba2ForCausalLM}[model_type]
-    torch.manual_seed(seed)
-    model = cls(hf_hybrid_config(model_type, **overrides)).eval()
-    if stress:
-        stress_hybrid(model, seed)
-    return model
+    return seeded_hf(cls, hf_hybrid_config(model_type, **overrides), seed, stress_hybrid if stress else None)
 
 
-def hf_hybrid_logits(hf_model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return hf_model(tokens, use_cache=False).logits.float()
+#: reference logits of an HF hybrid (no cache, fp32): the same call as an HF SSM's
+hf_hybrid_logits = hf_logits

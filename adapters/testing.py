@@ -9,6 +9,7 @@ non-unit norms.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,20 +33,46 @@ def hf_config(model_type: str, **overrides: Any) -> Any:
     raise ValueError(f"unknown model_type {model_type!r}")
 
 
+Rule = tuple[Callable[[str], bool], Callable[[torch.Size, torch.Generator], torch.Tensor]]
+
+
+def ssm_rules(a_log_high: float) -> list[Rule]:
+    """Re-draws of the SSM parameters: ``A_log`` ~ U(-2, ``a_log_high``), the Δ bias ~ U(-4, 2), ``D`` ~ N(0, 1)."""
+    return [(lambda n: n.endswith("A_log"), lambda s, g: torch.empty(s).uniform_(-2.0, a_log_high, generator=g)),
+            (lambda n: n.endswith("dt_proj.bias") or n.endswith("dt_bias"),
+             lambda s, g: torch.empty(s).uniform_(-4.0, 2.0, generator=g)),
+            (lambda n: n.endswith(".D"), lambda s, g: torch.randn(s, generator=g))]
+
+
+def norm_weights(s: torch.Size, g: torch.Generator) -> torch.Tensor:
+    """Norm weights far from one: ``1 + 0.5 N(0, 1)``."""
+    return 1.0 + 0.5 * torch.randn(s, generator=g)
+
+
 @torch.no_grad()
-def stress_params(hf_model: Any, seed: int = 0) -> Any:
-    """Re-draw A_log, the Δ bias, D and the RMSNorm weights in place (on a model the caller owns)."""
+def redraw(hf_model: Any, seed: int, rules: Sequence[Rule]) -> Any:
+    """Re-draw in place (on a model the caller owns) every parameter whose name a rule accepts, by the first such
+    rule, in ``named_parameters`` order from one generator seeded by ``seed``; returns the model."""
     g = torch.Generator().manual_seed(seed)
     for name, p in hf_model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.empty(p.shape).uniform_(-2.0, 3.0, generator=g))
-        elif name.endswith("dt_proj.bias") or name.endswith("dt_bias"):
-            p.copy_(torch.empty(p.shape).uniform_(-4.0, 2.0, generator=g))
-        elif name.endswith(".D"):
-            p.copy_(torch.randn(p.shape, generator=g))
-        elif name.endswith("norm.weight") or name.endswith("norm_f.weight"):
-            p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
+        draw = next((draw for accepts, draw in rules if accepts(name)), None)
+        if draw is not None:
+            p.copy_(draw(p.shape, g))
     return hf_model
+
+
+def stress_params(hf_model: Any, seed: int = 0) -> Any:
+    """Re-draw A_log, the Δ bias, D and the RMSNorm weights in place (on a model the caller owns)."""
+    norm = (lambda n: n.endswith("norm.weight") or n.endswith("norm_f.weight"), norm_weights)
+    return redraw(hf_model, seed, [*ssm_rules(a_log_high=3.0), norm])
+
+
+def seeded_hf(cls: Any, config: Any, seed: int, stress: Callable[[Any, int], Any] | None = None) -> Any:
+    """``cls(config)`` in eval mode, its weights drawn after ``torch.manual_seed(seed)``, then ``stress(model,
+    seed)`` when given."""
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    return stress(model, seed) if stress is not None else model
 
 
 def tiny_hf_ssm(model_type: str = "mamba", *, seed: int = 0, stress: bool = False, **overrides: Any) -> Any:
@@ -53,11 +80,7 @@ def tiny_hf_ssm(model_type: str = "mamba", *, seed: int = 0, stress: bool = Fals
     from transformers import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
     cls = {"mamba": MambaForCausalLM, "falcon_mamba": FalconMambaForCausalLM, "mamba2": Mamba2ForCausalLM}[model_type]
-    torch.manual_seed(seed)
-    model = cls(hf_config(model_type, **overrides)).eval()
-    if stress:
-        stress_params(model, seed)
-    return model
+    return seeded_hf(cls, hf_config(model_type, **overrides), seed, stress_params if stress else None)
 
 
 def hf_logits(hf_model: Any, tokens: torch.Tensor) -> torch.Tensor:
