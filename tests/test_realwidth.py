@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_checks import check_exact_scan_matches_naive, check_last_row_patterns
 
 from gather_aggregate import load_model
 from gather_aggregate.adapters.realwidth import PUBLISHED, reference_logits, write_checkpoint
-from gather_aggregate.scan import exact_scan, naive_scan
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4
@@ -81,23 +81,8 @@ def check_family(name: str, kw: dict, tmp_path: Path, *, memory: bool) -> None:
     assert (logits - ref).abs().max().item() <= TOL * max(1.0, ref.abs().max().item())
     if hasattr(model, "module"):  # Llama: the TransformerBridge; its patterns/scans are tested elsewhere
         return
-    # last-row pattern == the full pattern's last row, for every layer kind
-    for info in model.layers:
-        heads = [0, info.n_heads - 1]
-        full = model.pattern(tokens[:1], info.index, heads=heads)
-        last = model.pattern(tokens[:1], info.index, heads=heads, rows=-1)
-        assert torch.allclose(last[..., 0, :], full[..., -1, :], atol=1e-5, rtol=1e-4)
-    # one exact-scan step against the naive scan
-    target = tokens[:, -1]
-
-    def metric(lg):
-        return lg[:, -1].log_softmax(-1).gather(-1, target[:, None]).mean()
-
-    heads = [(info.index, h) for info in model.layers for h in (0, info.n_heads // 2)]
-    exact = exact_scan(model, tokens, metric, heads=heads, progress=False).scores()
-    naive = naive_scan(model, tokens, metric, heads=heads).scores()
-    for hd in heads:
-        assert abs(exact[hd] - naive[hd]) <= 1e-4 * max(1.0, abs(naive[hd])), (hd, exact[hd], naive[hd])
+    check_last_row_patterns(model, tokens, atol=1e-5, rtol=1e-4)  # for every layer kind
+    check_exact_scan_matches_naive(model, tokens, rel_tol=1e-4)
 
 
 @pytest.mark.parametrize("name,kw", FAST, ids=[n for n, _ in FAST])
