@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
@@ -135,18 +136,58 @@ def mamba1_implied_attention(
     """
     _check_inputs(dt, B, C, rows)
     b, L, D = dt.shape
-    N = A.shape[1]
-    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size < 1 or D % head_size:
-        raise InputError(f"head_size must be a positive divisor of d_inner={D}, got {head_size!r}")
-    if reduce not in ("mean", "abs_mean", "sum"):
-        raise InputError(f"reduce must be 'mean', 'abs_mean' or 'sum', got {reduce!r}")
-    hs = _head_list(heads, D // head_size)
-    n_rows = None if rows is None else rows.shape[1]
-    Q = L if rows is None else n_rows
+    hs = _checked_heads(heads, head_size, reduce, D)
+    Q = L if rows is None else rows.shape[1]
     T = block or _block_size(L)
     tile = _tile_elems(max_bytes)
     # channels of a head are summed inside the contraction (full matrix, mean/sum) or come one per head
     fused = rows is None and reduce != "abs_mean"
+    chunk = _channels_at_once(b, L, A.shape[1], D, hs, head_size, rows, T, tile, fused, max_bytes)
+
+    channels = torch.tensor([h * head_size + j for h in hs for j in range(head_size)], device=dt.device)
+    slot = torch.arange(len(hs), device=dt.device).repeat_interleave(head_size)  # output head of each channel
+    dtf, Af, Bf, Cf = dt.float(), A.float(), B.float(), C.float()
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (dt, A, B, C))  # out-of-place ops then
+    # per-channel outputs are written once, entry by entry (zeros above the diagonal too); heads accumulate
+    alloc = torch.zeros if head_size > 1 else torch.empty
+    out = alloc(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
+    for i, j in _channel_pieces(len(channels), head_size, chunk, whole_groups=fused):
+        ch = channels[i:j]
+        if bool((ch == torch.arange(int(ch[0]), int(ch[0]) + len(ch), device=ch.device)).all()):
+            ch = slice(int(ch[0]), int(ch[0]) + len(ch))  # a contiguous range: views, no gathers
+        dt_c, A_c = dtf[:, :, ch], Af[ch]
+        if rows is None and head_size == 1 and not grad:  # per channel: the hierarchy of diagonal blocks
+            full_per_channel(dt_c, dt_c if dt_scaling else torch.ones_like(dt_c), A_c, Bf, Cf, out[:, i:j])
+        elif rows is None and (head_size == 1 or fused):
+            group = min(head_size, j - i)  # a piece is whole heads, or a part of one head
+            dst = out[:, i // head_size:-(-j // head_size)]
+            _mamba1_full(dt_c, dt_scaling, A_c, Bf, Cf, T, group, dst, accumulate=head_size > 1, tile=tile,
+                         grad=grad)
+        else:  # per-channel matrices (or query rows), reduced into their heads here
+            alpha = out[:, i:j] if head_size == 1 else torch.empty(b, j - i, Q, L, device=dt.device)
+            _per_channel(dt_c, dt_scaling, A_c, Bf, Cf, rows, alpha, T, tile=tile, grad=grad)
+            if head_size > 1:
+                out.index_add_(1, slot[i:j], alpha.abs() if reduce == "abs_mean" else alpha)
+    if head_size > 1 and reduce != "sum":
+        out /= head_size
+    return out
+
+
+def _checked_heads(heads: int | Sequence[int] | None, head_size: int, reduce: str, D: int) -> list[int]:
+    """The head list of :func:`mamba1_implied_attention`, once ``head_size`` and ``reduce`` are valid."""
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size < 1 or D % head_size:
+        raise InputError(f"head_size must be a positive divisor of d_inner={D}, got {head_size!r}")
+    if reduce not in ("mean", "abs_mean", "sum"):
+        raise InputError(f"reduce must be 'mean', 'abs_mean' or 'sum', got {reduce!r}")
+    return _head_list(heads, D // head_size)
+
+
+def _channels_at_once(b: int, L: int, N: int, D: int, hs: list[int], head_size: int, rows: Tensor | None, T: int,
+                      tile: int, fused: bool, max_bytes: int) -> int:
+    """How many channels :func:`mamba1_implied_attention` processes at once within ``max_bytes``; raises
+    :class:`MemoryBudgetError`, naming cheaper requests and their cost, when even one does not fit."""
+    n_rows = None if rows is None else rows.shape[1]
+    Q = L if n_rows is None else n_rows
     temp = head_size > 1 and not fused
 
     def need(n_heads: int, n_r: int | None, chunk: int, L_: int = L, temp_: bool = temp) -> tuple[int, int]:
@@ -164,41 +205,18 @@ def mamba1_implied_attention(
         raise _budget_error(f"Mamba-1 implied attention ({b} x {len(hs)} heads x {Q} x {L})", out_b + work1,
                             max_bytes, opts)
     per_channel = need(len(hs), n_rows, 2)[1] - work1
-    chunk = max(1, int((max_bytes - out_b - (work1 - per_channel)) // max(per_channel, 1)))
+    return max(1, int((max_bytes - out_b - (work1 - per_channel)) // max(per_channel, 1)))
 
-    channels = torch.tensor([h * head_size + j for h in hs for j in range(head_size)], device=dt.device)
-    slot = torch.arange(len(hs), device=dt.device).repeat_interleave(head_size)  # output head of each channel
-    dtf, Af, Bf, Cf = dt.float(), A.float(), B.float(), C.float()
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (dt, A, B, C))  # out-of-place ops then
-    # per-channel outputs are written once, entry by entry (zeros above the diagonal too); heads accumulate
-    alloc = torch.zeros if head_size > 1 else torch.empty
-    out = alloc(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
-    for i, j in _channel_pieces(len(channels), head_size, chunk, whole_groups=fused):
-        ch = channels[i:j]
-        if bool((ch == torch.arange(int(ch[0]), int(ch[0]) + len(ch), device=ch.device)).all()):
-            ch = slice(int(ch[0]), int(ch[0]) + len(ch))  # a contiguous range: views, no gathers
-        dt_c, A_c = dtf[:, :, ch], Af[ch]
-        if rows is None and head_size == 1 and not grad:  # per channel: the hierarchy of diagonal blocks
-            full_per_channel(dt_c, dt_c if dt_scaling else torch.ones_like(dt_c), A_c, Bf, Cf, out[:, i:j])
-            continue
-        if rows is None and (head_size == 1 or fused):
-            group = min(head_size, j - i)  # a piece is whole heads, or a part of one head
-            dst = out[:, i // head_size:-(-j // head_size)]
-            _mamba1_full(dt_c, dt_scaling, A_c, Bf, Cf, T, group, dst, accumulate=head_size > 1, tile=tile,
-                         grad=grad)
-            continue
-        alpha = out[:, i:j] if head_size == 1 else torch.empty(b, j - i, Q, L, device=dt.device)
-        if rows is None:
-            _mamba1_full(dt_c, dt_scaling, A_c, Bf, Cf, T, 1, alpha, accumulate=False, tile=tile, grad=grad)
-        elif not grad and L >= ROWS_LONG:  # long prompts: key chunks, dead decays skipped
-            rows_per_channel(dt_c, dt_scaling, A_c, Bf, Cf, rows, alpha)
-        else:
-            _mamba1_rows(dt_c, dt_scaling, A_c, Bf, Cf, rows, alpha, tile=tile, grad=grad)
-        if head_size > 1:
-            out.index_add_(1, slot[i:j], alpha.abs() if reduce == "abs_mean" else alpha)
-    if head_size > 1 and reduce != "sum":
-        out /= head_size
-    return out
+
+def _per_channel(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, rows: Tensor | None,
+                 alpha: Tensor, T: int, *, tile: int, grad: bool) -> None:
+    """Write each channel's own α (all query rows, or ``rows``) into ``alpha`` ``[batch, channel, Q, L]``."""
+    if rows is None:
+        _mamba1_full(dt, dt_scaling, A, B, C, T, 1, alpha, accumulate=False, tile=tile, grad=grad)
+    elif not grad and dt.shape[1] >= ROWS_LONG:  # long prompts: key chunks, dead decays skipped
+        rows_per_channel(dt, dt_scaling, A, B, C, rows, alpha)
+    else:
+        _mamba1_rows(dt, dt_scaling, A, B, C, rows, alpha, tile=tile, grad=grad)
 
 
 def _channel_pieces(n: int, head_size: int, chunk: int, whole_groups: bool) -> list[tuple[int, int]]:
@@ -301,16 +319,41 @@ def _decay(arg: Tensor) -> Tensor:
     return arg.clamp_min_(_EXP_FLOOR).exp_()
 
 
-def _mamba1_full(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, T: int, group: int,
-                 out: Float[Tensor, "batch head query key"], *, accumulate: bool, tile: int, grad: bool) -> None:
-    """Write (or, with ``accumulate``, add) the sums over consecutive ``group``-channel groups of α_d into ``out``.
+@dataclass(frozen=True)
+class _BlockSplit:
+    """The block split of :func:`_mamba1_full`: ``nb`` blocks of ``T`` steps (keys and queries padded to
+    ``nb · T``), channels in ``G`` groups of ``group`` (``K = group · N`` contraction)."""
 
-    The block split of the module docstring: for query block ``q`` and key block ``k < q``,
-    ``α[t, s] = Σ_{d,n} qry[t, d, n] · mid_{qk}[d, n] · key[s, d, n]`` — one matmul over the
-    ``group · N`` contraction per tile of key blocks (so a group's sum over channels costs no more
-    than one channel's matrix).  Diagonal blocks use direct float64 segsum decays.  Temporaries are
-    tiles of at most ``tile`` elements in reused buffers (``grad``: out-of-place ops for autograd).
-    """
+    b: int
+    L: int
+    c: int
+    N: int
+    T: int
+    nb: int
+    group: int
+    qry: Tensor  # [b, G, nb, T, K]: C_t · decay from the block start to t
+    key: Tensor  # [b, G, nb, T, K]: B_s Δ_s · decay from s to the block end
+    starts: Tensor  # [b, nb, c] float64: τ just before each block
+    ends: Tensor  # [b, nb, c] float64: τ at each block end
+    tbT: Tensor  # [b, nb, c, T] float64: τ of each step
+    wbT: Tensor  # [b, nb, c, T]: the Δ_s factor (ones without dt_scaling)
+    Bb: Tensor  # [b, nb, T, N]
+    Cb: Tensor  # [b, nb, T, N]
+    Ak: Tensor  # [G, 1, group, N]: A by channel group
+    An: list[Tensor]  # A[:, n] as [c, 1, 1], per state index n
+
+    @property
+    def G(self) -> int:
+        return self.c // self.group
+
+    @property
+    def K(self) -> int:
+        return self.group * self.N
+
+
+def _split_blocks(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, T: int, group: int,
+                  grad: bool) -> _BlockSplit:
+    """τ per block and the query/key factors of every block (the part of α shared by all its tiles)."""
     b, L, c = dt.shape
     N = A.shape[1]
     G, K = c // group, group * N
@@ -325,10 +368,6 @@ def _mamba1_full(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, 
     ends = tb[:, :, -1]  # τ at each block end: [b, nb, c]
     starts = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1)  # τ just before each block
     wb, Bb, Cb = w.view(b, nb, T, c), B.view(b, nb, T, N), C.view(b, nb, T, N)
-
-    def decay(arg: Tensor) -> Tensor:
-        return torch.exp(arg.clamp_min(_EXP_FLOOR)) if grad else _decay(arg)
-
     Ag = A.view(G, 1, 1, group, N)
 
     def factor(x: Tensor, gap: Tensor, scale: Tensor) -> Tensor:  # -> [b, G, nb, T, group·N]
@@ -343,69 +382,95 @@ def _mamba1_full(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, 
             _decay(f).mul_(xg).mul_(grouped(scale))
         return f.view(b, G, nb, T, K)
 
-    # key factor: B_s Δ_s · decay from s to its block end;  query factor: C_t · decay from block start to t
     qry = factor(Cb, tb - starts[:, :, None], torch.ones_like(wb[:1, :1, :1]).expand_as(wb))
     key = factor(Bb, ends[:, :, None] - tb, wb)
-    nk = max(1, tile // max(1, b * G * T * max(K, T)))  # key blocks per off-diagonal tile
-    cc = max(1, min(c, tile // max(1, 2 * b * T * T)))  # channels per diagonal tile
-    An = [A[:, n, None, None] for n in range(N)]  # [c, 1, 1]
-    keep = torch.ones(T, T, dtype=torch.bool, device=dt.device).tril()
+    return _BlockSplit(b, L, c, N, T, nb, group, qry, key, starts, ends, tb.permute(0, 1, 3, 2),
+                       wb.permute(0, 1, 3, 2), Bb, Cb, A.view(G, 1, group, N), [A[:, n, None, None] for n in range(N)])
+
+
+def _mamba1_full(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, T: int, group: int,
+                 out: Float[Tensor, "batch head query key"], *, accumulate: bool, tile: int, grad: bool) -> None:
+    """Write (or, with ``accumulate``, add) the sums over consecutive ``group``-channel groups of α_d into ``out``.
+
+    The block split of the module docstring: for query block ``q`` and key block ``k < q``,
+    ``α[t, s] = Σ_{d,n} qry[t, d, n] · mid_{qk}[d, n] · key[s, d, n]`` — one matmul over the
+    ``group · N`` contraction per tile of key blocks (so a group's sum over channels costs no more
+    than one channel's matrix).  Diagonal blocks use direct float64 segsum decays.  Temporaries are
+    tiles of at most ``tile`` elements in reused buffers (``grad``: out-of-place ops for autograd).
+    """
+    sp = _split_blocks(dt, dt_scaling, A, B, C, T, group, grad)
     pool = {"device": torch.empty(0, device=dt.device)}
-    tbT = tb.permute(0, 1, 3, 2)  # [b, nb, c, T] float64
-    wbT = wb.permute(0, 1, 3, 2)  # [b, nb, c, T]
-    Ak = A.view(G, 1, group, N)
-    for q in range(nb):
-        r0, r1 = q * T, min(L, (q + 1) * T)
+    for q in range(sp.nb):
+        r0, r1 = q * T, min(sp.L, (q + 1) * T)
+        _write_off_diagonal(sp, q, out[:, :, r0:r1], pool, accumulate=accumulate, tile=tile, grad=grad)
+        diag = _diagonal_block(sp, q, pool, tile=tile, grad=grad)
         nr = r1 - r0
-        qq = qry[:, :, q, :nr]  # [b, G, nr, K]
-        for k0 in range(0, q, nk):
-            k1 = min(q, k0 + nk)
-            # decay between the end of key block k and the start of query block q (k < q), laid out [b, G, k, K]
-            span = (starts[:, q, None] - ends[:, k0:k1]).float().view(b, k1 - k0, G, group).transpose(1, 2)
-            if grad:
-                mid = decay(span[..., None] * Ak).view(b, G, k1 - k0, 1, K)
-                keym = key[:, :, k0:k1] * mid
-                off = torch.matmul(qq, keym.view(b, G, (k1 - k0) * T, K).transpose(-1, -2))
-            else:
-                mid = _decay(torch.mul(span[..., None], Ak, out=_buf(pool, "mid", (b, G, k1 - k0, group, N))))
-                keym = torch.mul(key[:, :, k0:k1], mid.view(b, G, k1 - k0, 1, K),
-                                 out=_buf(pool, "keym", (b, G, k1 - k0, T, K)))
-                off = torch.matmul(qq, keym.view(b, G, (k1 - k0) * T, K).transpose(-1, -2),
-                                   out=_buf(pool, "off", (b, G, nr, (k1 - k0) * T)))  # [b, G, nr, kT]
-            dst = out[:, :, r0:r1, k0 * T:k1 * T]
-            dst.add_(off) if accumulate else dst.copy_(off)
-        # diagonal block, channels outermost: Σ_n C_t B_s exp(A (τ_t - τ_s)) per channel, then Δ_s, group sum
-        tq = tbT[:, q]  # [b, c, T] float64
-        cb = (Cb[:, q, None, :, None, :] * Bb[:, q, None, None, :, :]).permute(4, 0, 1, 2, 3).contiguous()
-        # cb: [N, b, 1, t, s]
-        parts = []
-        res = None if grad else _buf(pool, "res", (b, c, T, T))
-        for c0 in range(0, c, cc):
-            c1 = min(c, c0 + cc)
-            Ac = [a[c0:c1] for a in An]
-            if grad:
-                gap = (tq[:, c0:c1, :, None] - tq[:, c0:c1, None, :]).float().clamp_min(0)  # [b, cc, t, s]
-                parts.append(_nsum(gap, Ac, cb, None))
-                continue
-            shape = (b, c1 - c0, T, T)
-            g64 = torch.sub(tq[:, c0:c1, :, None], tq[:, c0:c1, None, :],
-                            out=_buf(pool, "g64", shape, torch.float64))
-            gap = _buf(pool, "g32", shape).copy_(g64).clamp_min_(0)
-            assert res is not None  # allocated whenever grad is off
-            acc = res[:, c0:c1].zero_()
-            _nsum(gap, Ac, cb, acc, _buf(pool, "e", shape))
-        if grad:
-            res = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)) * wbT[:, q, :, None, :]  # [b, c, t, s]
-            diag = res.view(b, G, group, T, T).sum(2) * keep  # [b, G, t, s]
-        else:
-            res *= wbT[:, q, :, None, :]
-            diag = res.view(b, G, group, T, T)[:, :, 0] if group == 1 else torch.sum(
-                res.view(b, G, group, T, T), 2, out=_buf(pool, "diag", (b, G, T, T)))
-            diag.masked_fill_(~keep, 0.0)
         dst = out[:, :, r0:r1, r0:r1]
         dst.add_(diag[:, :, :nr, :nr]) if accumulate else dst.copy_(diag[:, :, :nr, :nr])
-        if not accumulate and r1 < L:
+        if not accumulate and r1 < sp.L:
             out[:, :, r0:r1, r1:].zero_()
+
+
+def _write_off_diagonal(sp: _BlockSplit, q: int, rows_out: Tensor, pool: dict[str, Tensor], *,
+                        accumulate: bool, tile: int, grad: bool) -> None:
+    """Write (or add) query block ``q``'s keys before the block into ``rows_out`` (its rows of the output), a tile
+    of key blocks at a time: ``qry_q · (mid_{qk} ⊙ key_k)ᵀ``, ``mid_{qk}`` the decay between the end of key block
+    ``k`` and the start of block ``q``."""
+    b, G, T, K, group, N = sp.b, sp.G, sp.T, sp.K, sp.group, sp.N
+    nr = rows_out.shape[2]
+    qq = sp.qry[:, :, q, :nr]  # [b, G, nr, K]
+    nk = max(1, tile // max(1, b * G * T * max(K, T)))  # key blocks per off-diagonal tile
+    for k0 in range(0, q, nk):
+        k1 = min(q, k0 + nk)
+        # decay between the end of key block k and the start of query block q (k < q), laid out [b, G, k, K]
+        span = (sp.starts[:, q, None] - sp.ends[:, k0:k1]).float().view(b, k1 - k0, G, group).transpose(1, 2)
+        if grad:
+            mid = torch.exp((span[..., None] * sp.Ak).clamp_min(_EXP_FLOOR)).view(b, G, k1 - k0, 1, K)
+            keym = sp.key[:, :, k0:k1] * mid
+            off = torch.matmul(qq, keym.view(b, G, (k1 - k0) * T, K).transpose(-1, -2))
+        else:
+            mid = _decay(torch.mul(span[..., None], sp.Ak, out=_buf(pool, "mid", (b, G, k1 - k0, group, N))))
+            keym = torch.mul(sp.key[:, :, k0:k1], mid.view(b, G, k1 - k0, 1, K),
+                             out=_buf(pool, "keym", (b, G, k1 - k0, T, K)))
+            off = torch.matmul(qq, keym.view(b, G, (k1 - k0) * T, K).transpose(-1, -2),
+                               out=_buf(pool, "off", (b, G, nr, (k1 - k0) * T)))  # [b, G, nr, kT]
+        dst = rows_out[..., k0 * T:k1 * T]
+        dst.add_(off) if accumulate else dst.copy_(off)
+
+
+def _diagonal_block(sp: _BlockSplit, q: int, pool: dict[str, Tensor], *, tile: int,
+                    grad: bool) -> Tensor:
+    """Diagonal block ``q``, ``[b, G, T, T]``, channels outermost: ``Σ_n C_t B_s exp(A (τ_t - τ_s))`` per channel
+    (float64 differences of τ), times ``Δ_s``, summed over each group, zero above the diagonal."""
+    b, c, T, G, group = sp.b, sp.c, sp.T, sp.G, sp.group
+    cc = max(1, min(c, tile // max(1, 2 * b * T * T)))  # channels per diagonal tile
+    tq = sp.tbT[:, q]  # [b, c, T] float64
+    keep = torch.ones(T, T, dtype=torch.bool, device=tq.device).tril()
+    cb = (sp.Cb[:, q, None, :, None, :] * sp.Bb[:, q, None, None, :, :]).permute(4, 0, 1, 2, 3).contiguous()
+    # cb: [N, b, 1, t, s]
+    parts = []
+    res = None if grad else _buf(pool, "res", (b, c, T, T))
+    for c0 in range(0, c, cc):
+        c1 = min(c, c0 + cc)
+        Ac = [a[c0:c1] for a in sp.An]
+        if grad:
+            gap = (tq[:, c0:c1, :, None] - tq[:, c0:c1, None, :]).float().clamp_min(0)  # [b, cc, t, s]
+            parts.append(_nsum(gap, Ac, cb, None))
+            continue
+        shape = (b, c1 - c0, T, T)
+        g64 = torch.sub(tq[:, c0:c1, :, None], tq[:, c0:c1, None, :], out=_buf(pool, "g64", shape, torch.float64))
+        gap = _buf(pool, "g32", shape).copy_(g64).clamp_min_(0)
+        assert res is not None  # allocated whenever grad is off
+        acc = res[:, c0:c1].zero_()
+        _nsum(gap, Ac, cb, acc, _buf(pool, "e", shape))
+    if grad:
+        res = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)) * sp.wbT[:, q, :, None, :]  # [b, c, t, s]
+        return res.view(b, G, group, T, T).sum(2) * keep  # [b, G, t, s]
+    assert res is not None
+    res *= sp.wbT[:, q, :, None, :]
+    diag = res.view(b, G, group, T, T)[:, :, 0] if group == 1 else torch.sum(
+        res.view(b, G, group, T, T), 2, out=_buf(pool, "diag", (b, G, T, T)))
+    return diag.masked_fill_(~keep, 0.0)
 
 
 def mamba1_masked_output(y: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, A: Tensor, head_size: int,
