@@ -35,12 +35,15 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import measure, run_child, single_thread  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.adapters.model import HookedSSM
 
 HERE = Path(__file__).resolve()
 VOCAB = 256
@@ -178,7 +181,7 @@ def _bridge(hf: Any) -> Any:
     return _build_bridge(hf, type(hf).__name__, hf.config, None)
 
 
-def _rebuild_error(model: Any, cache: Any, alpha: Any, family: str, rows: Any, source: Any = None) -> float:
+def _rebuild_error(model: HookedSSM, cache: Any, alpha: Any, family: str, rows: Any, source: Any = None) -> float:
     import torch
 
     H, P = model.cfg.n_heads, model.cfg.d_head

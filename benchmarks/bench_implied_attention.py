@@ -30,12 +30,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import measure, run_child, single_thread  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.protocol import HookedModel
 
 HERE = Path(__file__).resolve()
 SSM_HOOKS = ("dt", "B", "C")
@@ -56,7 +59,7 @@ def tokens_for(L: int, seed: int = 0) -> Any:
     return torch.randint(0, 256, (1, L), generator=torch.Generator().manual_seed(seed))
 
 
-def our_cache(model: Any, tokens: Any) -> Any:
+def our_cache(model: HookedModel, tokens: Any) -> Any:
     names = [f"blocks.0.ssm.hook_{n}" for n in SSM_HOOKS]
     _, cache = model.run_with_cache(tokens, names_filter=names, stop_at_layer=1)
     return cache

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gather_aggregate.protocol import HookedModel
 from gather_aggregate.viz.circuit import head_name
 
 UNIT = {"kv": "line", "letter-mc": "option", "content-mc": "option", "mqar": "pair"}
@@ -29,7 +30,7 @@ def heads_text(heads: Sequence[Sequence[int]]) -> str:
     return " ".join(head_name(h) for h in heads) or "-"
 
 
-def _row_over_keys(model: Any, tokens: Any, layer: int, head: int, rows: Any) -> Any:
+def _row_over_keys(model: HookedModel, tokens: Any, layer: int, head: int, rows: Any) -> Any:
     import torch
 
     with torch.no_grad():
@@ -53,7 +54,7 @@ def _pick(g: Mapping[str, Any], table: Sequence[Mapping[str, Any]], role: str) -
     return (int(best["layer"]), int(best["head"])), False
 
 
-def segment_views(model: Any, example: Any, g: Mapping[str, Any], table: Sequence[Mapping[str, Any]],
+def segment_views(model: HookedModel, example: Any, g: Mapping[str, Any], table: Sequence[Mapping[str, Any]],
                   unit: str) -> dict[str, Any]:
     """The Gather head's summary rows and the Aggregate head's query row on ``example``, with what they show."""
     import torch

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 WHERE = ("segments", "query", "all")
 
@@ -37,7 +37,7 @@ WHERE = ("segments", "query", "all")
 class Prober:
     """Runs interventions on one set of prompts and scores them as a share of the retrieval margin."""
 
-    def __init__(self, model: Any, examples: Sequence[Any], *, batch_size: int = 64):
+    def __init__(self, model: HookedModel, examples: Sequence[Any], *, batch_size: int = 64):
         from gather_aggregate.protocol import pad_id_of
         from gather_aggregate.tasks.base import collate
 

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.protocol import HookedModel
 
 READS = ("summary", "last-1", "last-2")
 READ_CHOICES = (*READS, "auto")
@@ -67,7 +68,7 @@ def _read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
     return torch.where(ok, r, batch.query_pos[:, None]), ok
 
 
-def pattern_evidence(model: Any, examples: Sequence[Any], *, batch_size: int = 16,
+def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size: int = 16,
                      reads: Sequence[str] = READS) -> dict[str, Any]:
     """Per head (``(layer, head)`` → dict) the masses of the module docstring at every read position in ``reads``,
     plus ``read_profile``: per offset from the segment's end (0 = last token), each head's mean query-row mass on

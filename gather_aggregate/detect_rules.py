@@ -42,7 +42,7 @@ from gather_aggregate.detect_evidence import (
     pattern_evidence,
 )
 from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head
+from gather_aggregate.protocol import Head, HookedModel
 
 NAME_MIN = 0.25
 PAIR_MIN = 0.1
@@ -50,7 +50,7 @@ MIN_MARGIN = 0.1
 WHERE = {"gather": "segments", "aggregate": "query"}
 
 
-def decide(model: Any, examples: Sequence[Any], *, read: str = "auto", max_candidates: int = 64, seed: int = 0,
+def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", max_candidates: int = 64, seed: int = 0,
            batch_size: int = 64) -> dict[str, Any]:
     """Run the whole rule; returns ``heads`` (one explained row per head), ``gather``/``aggregate`` (named heads,
     group order), ``pairs``, ``read`` (+ ``read_why``), ``groups`` (per role: candidates, group, loss, random
