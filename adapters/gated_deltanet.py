@@ -25,24 +25,17 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.delta_rule import delta_rule_chunked, delta_rule_ref, prepare_qk
-from gather_aggregate.adapters.mixers import causal_conv
+from gather_aggregate.adapters.mixers import WeightedRMS, causal_conv
 from gather_aggregate.errors import InputError
 
 _IMPLS = ("auto", "chunked", "sequential", "kernel")
 
 
-class GatedHeadNorm(nn.Module):
+class GatedHeadNorm(WeightedRMS):
     """Per-head RMSNorm with weight, then ``⊙ silu(gate)`` (HF ``Qwen3NextRMSNormGated``)."""
 
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        h = x.float()
-        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (h * F.silu(gate.float())).to(x.dtype)
+        return (self.normalize(x) * F.silu(gate.float())).to(x.dtype)
 
 
 class GatedDeltaNetMixer(nn.Module):

@@ -48,7 +48,7 @@ from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention, GatedMLP, SparseMoE
 from gather_aggregate.adapters.hybrid_config import HybridConfig
-from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, make_mixer
+from gather_aggregate.adapters.mixers import MLPAfterMixer, RMSNorm, SSMMixer, make_mixer
 from gather_aggregate.adapters.model import HookedSSM
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import LayerInfo, gather_rows, resolve_rows
@@ -96,7 +96,7 @@ class MixerBlock(nn.Module):
         raise NotImplementedError
 
 
-class HybridBlock(MixerBlock):
+class HybridBlock(MLPAfterMixer, MixerBlock):
     """``r += mixer(ln1(r)); r += mlp(ln2(r))`` where the mixer is an SSM or attention."""
 
     def __init__(self, cfg: HybridConfig, layer: int, ssm_mixer: Callable[[HybridConfig], nn.Module] = make_mixer) -> None:
@@ -107,12 +107,6 @@ class HybridBlock(MixerBlock):
                                else SparseMoE(cfg.d_model, cfg.d_mlp, n_exp, cfg.top_k, cfg.mlp_act))
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
-
-    def after_mixer(self, resid: Float[Tensor, "batch pos d_model"],
-                    mixer_out: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        """The rest of the block once the mixer has run: residual add, MLP, residual add."""
-        resid = self.hook_resid_mid(resid + self.hook_mixer_out(mixer_out))
-        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 
 class HookedHybrid(HookedSSM):

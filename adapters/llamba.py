@@ -51,7 +51,7 @@ from gather_aggregate.adapters.checkpoint import (
 )
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.discrete_mamba2 import DiscreteMamba2Mixer
-from gather_aggregate.adapters.mixers import RMSNorm
+from gather_aggregate.adapters.mixers import MLPAfterMixer, RMSNorm
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
 from gather_aggregate.adapters.streaming import TensorSource, resolve_dtype
 from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
@@ -120,8 +120,11 @@ def llamba_config(raw: dict[str, Any], vocab_rows: int | None = None) -> SSMConf
     ).validate()
 
 
-class LlambaBlock(nn.Module):
-    """``r += mixer(ln1(r)); r += mlp(ln2(r))`` (the Llama layout with a discrete Mamba-2 mixer)."""
+class LlambaBlock(MLPAfterMixer, nn.Module):
+    """``r += mixer(ln1(r)); r += mlp(ln2(r))`` (the Llama layout with a discrete Mamba-2 mixer, whose output is
+    cast to the residual stream's dtype)."""
+
+    cast_mixer_out = True
 
     def __init__(self, cfg: SSMConfig) -> None:
         super().__init__()
@@ -138,11 +141,6 @@ class LlambaBlock(nn.Module):
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
         return self.after_mixer(resid, self.ssm(self.ln1(resid)))
-
-    def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
-        """The rest of the block once the mixer has run: residual add, MLP, residual add."""
-        resid = self.hook_resid_mid(resid + self.hook_mixer_out(mixer_out).to(resid.dtype))
-        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 
 class HookedLlamba(HookedSSM):

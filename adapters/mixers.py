@@ -38,19 +38,52 @@ from gather_aggregate.errors import InputError
 SCAN_IMPLS = ("auto", "chunked", "sequential", "kernel")
 
 
-class RMSNorm(nn.Module):
-    """``w ⊙ x / rms(x)`` computed in fp32 (as HF's ``MambaRMSNorm``); ``hook_normalized`` is its output."""
+class WeightedRMS(nn.Module):
+    """``w ⊙ x / rms(x)``: the normalisation computed in fp32 (as HF's ``MambaRMSNorm``), the weight applied in
+    the input's dtype."""
 
     def __init__(self, d: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
         self.eps = eps
+
+    def normalize(self, x: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch pos d"]:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class RMSNorm(WeightedRMS):
+    """:class:`WeightedRMS` whose output is ``hook_normalized``."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__(d, eps)
         self.hook_normalized = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d"]) -> Float[Tensor, "batch pos d"]:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.hook_normalized(self.weight * h.to(x.dtype))
+        return self.hook_normalized(self.normalize(x))
+
+
+class MLPAfterMixer:
+    """The Llama layout's rest of a block once its mixer has run, ``r += mixer_out; r += mlp(ln2(r))``, through
+    the block's ``hook_mixer_out``, ``hook_resid_mid``, ``hook_mlp_out`` and ``hook_resid_post`` (a block class
+    mixes it in beside ``nn.Module`` and supplies those, ``ln2`` and ``mlp``).  With ``cast_mixer_out`` the
+    mixer's output is cast to the residual stream's dtype before the add."""
+
+    cast_mixer_out: bool = False
+    hook_mixer_out: HookPoint
+    hook_resid_mid: HookPoint
+    hook_mlp_out: HookPoint
+    hook_resid_post: HookPoint
+    ln2: nn.Module
+    mlp: nn.Module
+
+    def after_mixer(self, resid: Float[Tensor, "batch pos d_model"],
+                    mixer_out: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """The rest of the block once the mixer has run: residual add, MLP, residual add."""
+        out = self.hook_mixer_out(mixer_out)
+        resid = self.hook_resid_mid(resid + (out.to(resid.dtype) if self.cast_mixer_out else out))
+        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 
 def weightless_rms(x: Tensor, eps: float) -> Tensor:

@@ -154,7 +154,7 @@ class AdaptedMLP(nn.Module):
 class TiedRMSNorm(nn.Module):
     """An RMSNorm with its own ``hook_normalized`` that uses a shared block's norm weight (same math as ``RMSNorm``)."""
 
-    forward = RMSNorm.forward
+    forward, normalize = RMSNorm.forward, RMSNorm.normalize
 
     def __init__(self, base: RMSNorm) -> None:
         super().__init__()

@@ -38,6 +38,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from gather_aggregate.adapters.mixers import MLPAfterMixer
 from gather_aggregate.hybridise.config import HeadHybridConfig
 
 #: Δ = softplus(bias) = 1 at initialisation.
@@ -181,7 +182,7 @@ class HeadHybridMixer(nn.Module):
         return self.o_proj(z.reshape(*z.shape[:2], self.n_heads * self.d_head))
 
 
-class HeadHybridBlock(nn.Module):
+class HeadHybridBlock(MLPAfterMixer, nn.Module):
     """Llama's pre-norm block with a :class:`HeadHybridMixer`: ``r += mixer(ln1(r)); r += mlp(ln2(r))``."""
 
     def __init__(self, cfg: HeadHybridConfig, layer: int) -> None:
@@ -200,11 +201,6 @@ class HeadHybridBlock(nn.Module):
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
         return self.after_mixer(resid, self.attn(self.ln1(resid)))
-
-    def after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
-        """The rest of the block once the mixer has run: residual add, MLP, residual add."""
-        resid = self.hook_resid_mid(resid + self.hook_mixer_out(mixer_out))
-        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 
 __all__ = ["SSMHeads", "HeadHybridMixer", "HeadHybridBlock", "implied_attention"]
