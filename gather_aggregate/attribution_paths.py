@@ -52,6 +52,23 @@ def add_probe(probes: dict[int, Tensor], layer: int, x: Tensor) -> Tensor:
     return x + p
 
 
+def ablation_step(zk: Tensor, target: Tensor, mask: Tensor) -> Tensor:
+    """``(z' - z) ⊙ mask`` for each stacked copy ``zk`` ``[copies, batch, ...]`` of a layer's head outputs: the
+    step from the live value to the ablated one ``target``, on the scanned heads only."""
+    return (target[None].to(zk.dtype) - zk) * mask.to(zk.dtype)
+
+
+def probe_terms(steps: dict[int, Tensor], probes: dict[int, Tensor], grads: Sequence[Tensor | None]
+                ) -> dict[int, Tensor]:
+    """``step ⊙ ∂M/∂probe`` per layer, in ``steps``' order and shape ``[copies, batch, ...]`` (a zero gradient
+    where the metric does not depend on the layer)."""
+    out = {}
+    for layer, g in zip(steps, grads):
+        g = torch.zeros_like(probes[layer]) if g is None else g
+        out[layer] = steps[layer] * g.reshape(steps[layer].shape)
+    return out
+
+
 def path_gradients(model: HookedModel, tokens: Tensor, metric: Metric, targets: dict[int, tuple[Tensor, Tensor]],
                    alphas: Sequence[float], extra_hooks: Sequence[tuple[str, Callable]] = (),
                    extra_inputs: Callable[[], list[Tensor]] | None = None,
@@ -74,7 +91,7 @@ def path_gradients(model: HookedModel, tokens: Tensor, metric: Metric, targets: 
 
         def hook(z: Tensor, hook: Any) -> Tensor:
             zk = z.reshape(k, batch, *z.shape[1:])
-            step = (target[None].to(z.dtype) - zk) * mask.to(z.dtype)
+            step = ablation_step(zk, target, mask)
             steps[layer] = step.detach()
             scale = a.to(z.device, z.dtype).reshape(k, *([1] * (zk.dim() - 1)))
             return add_probe(probes, layer, (zk + scale * step).reshape(z.shape))
@@ -90,11 +107,8 @@ def path_gradients(model: HookedModel, tokens: Tensor, metric: Metric, targets: 
         extra = extra_inputs() if extra_inputs is not None else []
         inputs = [probes[layer] for layer in targets] + extra
         grads = torch.autograd.grad(torch.stack(values).sum(), inputs, allow_unused=True)
-    out = {}
-    for layer, g in zip(targets, grads[:len(targets)]):
-        g = torch.zeros_like(probes[layer]) if g is None else g
-        out[layer] = (steps[layer] * g.reshape(steps[layer].shape)).sum(0)
-    return first, out, list(grads[len(targets):])
+    terms = probe_terms({layer: steps[layer] for layer in targets}, probes, grads[:len(targets)])
+    return first, {layer: t.sum(0) for layer, t in terms.items()}, list(grads[len(targets):])
 
 
 def _estimates(model: HookedModel, by_layer: dict[int, list[int]], terms: dict[int, Tensor],

@@ -44,7 +44,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.attribution_paths import _estimates, add_probe, path_gradients
+from gather_aggregate.attribution_paths import (
+    _estimates,
+    ablation_step,
+    add_probe,
+    path_gradients,
+    probe_terms,
+)
 from gather_aggregate.protocol import Head, HookedModel
 
 
@@ -143,8 +149,7 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
         target, mask = targets[layer]
 
         def hook(z: Tensor, hook: Any) -> Tensor:
-            zk = z.reshape(n, batch, *z.shape[1:])
-            steps[layer] = ((target[None].to(z.dtype) - zk) * mask.to(z.dtype)).detach()
+            steps[layer] = ablation_step(z.reshape(n, batch, *z.shape[1:]), target, mask).detach()
             return add_probe(probes, layer, z)
 
         return hook
@@ -173,11 +178,7 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
         logits = model(stacked)
         value = torch.stack([metric(logits[j * batch:(j + 1) * batch]) for j in range(n)]).sum()
         grads = torch.autograd.grad(value, [probes[la] for la in targets], allow_unused=True)
-    out = {}
-    for la, g in zip(targets, grads):
-        g = torch.zeros_like(probes[la]) if g is None else g
-        out[la] = steps[la] * g.reshape(steps[la].shape)
-    return out
+    return probe_terms({la: steps[la] for la in targets}, probes, grads)
 
 
 def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
