@@ -152,18 +152,8 @@ def _progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    fmt = HelpFormatter
-    parser = Parser(prog="gather-aggregate", formatter_class=fmt,
-                    description="Find, test and plot Gather-and-Aggregate retrieval heads in Transformers, SSMs "
-                                "and hybrids.")
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-
-    def add(name: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=COMMANDS[name][1], description=COMMANDS[name][1], formatter_class=fmt)
-
-    p = add("demo")
+# ---- each subcommand's own options (the general ones, -v and --debug, come last) ------------------------
+def _demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="comma list of zoo names or model directories, e.g. llama-kvmc,mamba2-ga (default: every "
                         "shipped zoo model)")
@@ -175,14 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retrieval task to scan and ablate on; auto: letter-MC when every model solves it "
                         "(>= 2x chance), else KV")
     _out(p, "demo", "report.html, summary.json and scan_<model>.json/.csv")
-    _general(p)
 
-    p = add("eval")
+
+def _eval_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p), _progress(p)
     _out(p, "eval", "eval.json and eval.csv (one row per prompt)")
-    _general(p)
 
-    p = add("scan")
+
+def _scan_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
     p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig", "atp-softmax"], default="exact",
                    help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients, "
@@ -195,27 +185,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="finish an interrupted scan in --out")
     _progress(p)
     _out(p, "scan", "scan.json and scan.csv (one row per head, ranked)")
-    _general(p)
 
-    p = add("detect")
+
+def _detect_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
     p.add_argument("--reading", choices=["auto", "summary", "last-1", "last-2"], default="auto",
                    help="where a segment is read: the task's summary token, one or two tokens before the "
                         "segment's last, or auto (where the Aggregate heads read; reported)")
     _progress(p)
     _out(p, "detect", "detect.json/.csv (one row per head) and the scan it used, scan.json/.csv")
-    _general(p)
 
-    p = add("ablate")
+
+def _ablate_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
     p.add_argument("--heads", type=head_pairs, required=True,
                    help="heads to ablate together, comma separated LAYER.HEAD or LxHy (e.g. 1.0,1.3 or L1H0,L1H3)")
     p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
                    help="what replaces the heads' outputs")
     _out(p, "ablate", "ablate.json and ablate.csv (accuracy clean and ablated)")
-    _general(p)
 
-    p = add("pattern")
+
+def _pattern_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
     p.add_argument("--layer", type=_int_type("--layer", 0), default=0, help="layer index (0 = first)")
     p.add_argument("--heads", type=head_indices, default=None,
@@ -223,23 +213,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=_int_type("--prompt", 0), default=0,
                    help="which of the task's prompts (0 = first of --n with --seed)")
     _out(p, "pattern", "pattern.json and pattern.csv (head, query, key, weight)")
-    _general(p)
 
-    p = add("report")
+
+def _report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", default="ga_out", help="directory with results written by other subcommands")
     p.add_argument("--out", default=None, help="directory for report.html (default: the --results directory)")
-    _general(p)
 
-    p = add("memory")
+
+def _memory_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="comma list of zoo names or model directories (default: every shipped zoo model)")
     from gather_aggregate.hybridise.memory_cli import add_memory_args
 
     add_memory_args(p)
     p.add_argument("--out", default=None, help="output directory for memory.json and memory.csv (default: print only)")
-    _general(p)
 
-    p = add("lm-eval")
+
+def _lm_eval_options(p: argparse.ArgumentParser) -> None:
     _model(p)
     p.add_argument("--n", type=_int_type("--n", 1), default=64, help="prompts per exported ga_* task")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the exported ga_* tasks")
@@ -247,9 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     _out(p, "lm_eval", "lm_eval.json, lm_eval.csv and lm_eval.md (tasks x heads removed)")
-    _general(p)
 
-    p = add("zoo")
+
+def _zoo_actions(p: argparse.ArgumentParser) -> None:
+    """``zoo list`` and ``zoo train``, each with the general options (``zoo`` itself has none but its action)."""
+    fmt = HelpFormatter
     zsub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
     _general(zsub.add_parser("list", help="list the shipped zoo models and their directories", formatter_class=fmt))
     t = zsub.add_parser("train", help="train a zoo model on this CPU (see `zoo train --help`)", formatter_class=fmt,
@@ -261,6 +253,27 @@ def build_parser() -> argparse.ArgumentParser:
     shown = [a.option_strings[-1] + (" {" + ",".join(a.choices) + "}" if a.choices else "")
              for a in t._actions if a.option_strings and a.option_strings[-1] != "--help"]
     p.epilog = "`zoo train` options (details: `gather-aggregate zoo train --help`): " + ", ".join(shown)
+
+
+#: the subcommands in ``--help`` order, each with what adds its own options
+_OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "demo": _demo_options, "eval": _eval_options, "scan": _scan_options, "detect": _detect_options,
+    "ablate": _ablate_options, "pattern": _pattern_options, "report": _report_options, "memory": _memory_options,
+    "lm-eval": _lm_eval_options, "zoo": _zoo_actions,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="gather-aggregate", formatter_class=HelpFormatter,
+                    description="Find, test and plot Gather-and-Aggregate retrieval heads in Transformers, SSMs "
+                                "and hybrids.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, add_options in _OPTIONS.items():
+        p = sub.add_parser(name, help=COMMANDS[name][1], description=COMMANDS[name][1], formatter_class=HelpFormatter)
+        add_options(p)
+        if add_options is not _zoo_actions:  # zoo's general options are its actions'
+            _general(p)
     return parser
 
 
