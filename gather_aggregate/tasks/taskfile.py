@@ -72,7 +72,30 @@ def _span(obj: Any, where: str, n_chars: int) -> tuple[int, int]:
 
 
 def parse_line(obj: Any) -> PromptSpec:
-    """One decoded JSON line -> :class:`PromptSpec` (raises :class:`_LineError` naming the field)."""
+    """One decoded JSON line -> :class:`PromptSpec` (raises :class:`_LineError` naming the field).
+
+    The fields are checked in the schema's order, so a line's first problem is the one reported."""
+    _check_keys(obj)
+    prompt = obj["prompt"]
+    if not isinstance(prompt, str) or not prompt:
+        raise _LineError("'prompt'", f"expected a non-empty string, got {json.dumps(prompt)[:40]}; give the prompt's text")
+    spans, summaries = _segments(obj["segments"], len(prompt))
+    correct = _int(obj["correct"], "'correct'")
+    if not -1 <= correct < len(spans):
+        raise _LineError("'correct'", f"{correct} is out of range for {len(spans)} segments; give 0.."
+                         f"{len(spans) - 1} (or -1 when no segment holds the answer)")
+    cands, answer = _candidates(obj["candidates"], obj["answer"])
+    req = _required_spans(obj.get("required", []), len(prompt))
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise _LineError("'meta'", f"expected a JSON object, got {json.dumps(meta)[:40]}; wrap it as {{\"key\": value}}")
+    return PromptSpec(prompt=prompt, segments=spans, correct=correct, candidates=cands, answer=answer,
+                      meta=dict(meta), required=req,
+                      summaries=summaries if any(s is not None for s in summaries) else None)
+
+
+def _check_keys(obj: Any) -> None:
+    """A JSON object with every required field and no field outside the schema."""
     if not isinstance(obj, dict):
         raise _LineError("", f"expected a JSON object, got a {type(obj).__name__}; write one object per line "
                              f"with the fields {', '.join(REQUIRED_FIELDS)}")
@@ -82,16 +105,17 @@ def parse_line(obj: Any) -> PromptSpec:
     for key in REQUIRED_FIELDS:
         if key not in obj:
             raise _LineError(repr(key), "missing; every line needs " + ", ".join(REQUIRED_FIELDS))
-    prompt = obj["prompt"]
-    if not isinstance(prompt, str) or not prompt:
-        raise _LineError("'prompt'", f"expected a non-empty string, got {json.dumps(prompt)[:40]}; give the prompt's text")
-    segs = obj["segments"]
+
+
+def _segments(segs: Any, n_chars: int) -> tuple[list[tuple[int, int, str]], list[int | None]]:
+    """``segments`` -> ``(start, end, label)`` spans and each one's summary character (``None``: its last
+    token); non-empty, inside the prompt, not overlapping."""
     if not isinstance(segs, list) or not segs:
         raise _LineError("'segments'", "expected a non-empty list; give each segment as {\"start\": 0, \"end\": 9}")
     spans, summaries = [], []
     for j, seg in enumerate(segs):
         where = f"'segments'[{j}]"
-        start, end = _span(seg, where, len(prompt))
+        start, end = _span(seg, where, n_chars)
         label = seg.get("label", str(j))
         if not isinstance(label, str):
             raise _LineError(f"{where}.label", f"expected a string, got {json.dumps(label)}; quote it")
@@ -111,11 +135,11 @@ def parse_line(obj: Any) -> PromptSpec:
         if spans[b][0] < spans[a][1]:
             raise _LineError(f"'segments'[{b}]", f"[{spans[b][0]}, {spans[b][1]}) overlaps segment {a} "
                              f"[{spans[a][0]}, {spans[a][1]}); segments must not overlap")
-    correct = _int(obj["correct"], "'correct'")
-    if not -1 <= correct < len(spans):
-        raise _LineError("'correct'", f"{correct} is out of range for {len(spans)} segments; give 0.."
-                         f"{len(spans) - 1} (or -1 when no segment holds the answer)")
-    cands = obj["candidates"]
+    return spans, summaries
+
+
+def _candidates(cands: Any, answer: Any) -> tuple[list[str], int]:
+    """``candidates`` (two or more distinct strings without edge spaces) and the index of ``answer`` among them."""
     if not isinstance(cands, list) or len(cands) < 2:
         raise _LineError("'candidates'", "expected a list of at least two answer strings; e.g. [\"dog\", \"fox\"]")
     for j, c in enumerate(cands):
@@ -127,28 +151,26 @@ def parse_line(obj: Any) -> PromptSpec:
     dup = sorted({c for c in cands if cands.count(c) > 1})
     if dup:
         raise _LineError("'candidates'", f"{dup[0]!r} appears twice; candidates must be distinct")
-    answer = obj["answer"]
     if not isinstance(answer, str):
         raise _LineError("'answer'", f"expected a string, got {json.dumps(answer)}; give the answer's text, one of the "
                              "candidates (not its index)")
     if answer not in cands:
         raise _LineError("'answer'", f"{answer!r} is not among the candidates {cands[:6]}; add it or fix the typo")
-    required = obj.get("required", [])
+    return list(cands), cands.index(answer)
+
+
+def _required_spans(required: Any, n_chars: int) -> list[tuple[int, int, str]]:
+    """``required`` -> ``(start, end, what)`` spans that must survive the tokenizer."""
     if not isinstance(required, list):
         raise _LineError("'required'", 'expected a list; give spans as {"start": 0, "end": 5, "what": "key"}')
     req = []
     for j, r in enumerate(required):
-        start, end = _span(r, f"'required'[{j}]", len(prompt))
+        start, end = _span(r, f"'required'[{j}]", n_chars)
         what = r.get("what", "required span")
         if not isinstance(what, str):
             raise _LineError(f"'required'[{j}].what", f"expected a string, got {json.dumps(what)}; quote it")
         req.append((start, end, what))
-    meta = obj.get("meta", {})
-    if not isinstance(meta, dict):
-        raise _LineError("'meta'", f"expected a JSON object, got {json.dumps(meta)[:40]}; wrap it as {{\"key\": value}}")
-    return PromptSpec(prompt=prompt, segments=spans, correct=correct, candidates=list(cands),
-                      answer=cands.index(answer), meta=dict(meta), required=req,
-                      summaries=summaries if any(s is not None for s in summaries) else None)
+    return req
 
 
 def check_first_tokens(ex: Example) -> None:
