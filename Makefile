@@ -22,7 +22,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-all bench lint clean
+.PHONY: setup demo test test-all bench lint clean mypy-src
 
 setup: $(STAMP)
 
@@ -36,6 +36,15 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
+# mypy cannot read setuptools' package-dir mapping (adapters/ installs as gather_aggregate.adapters) nor the
+# editable install's import hook, so without this its `gather_aggregate.adapters.*` imports are silently Any.
+# build/mypy-src is the installed layout as links (pyproject's mypy_path reads it): the package's entries, and
+# adapters/ at gather_aggregate/adapters.
+mypy-src:
+	@rm -rf build/mypy-src && mkdir -p build/mypy-src/gather_aggregate
+	@ln -s $(CURDIR)/gather_aggregate/* build/mypy-src/gather_aggregate/
+	@ln -s $(CURDIR)/adapters build/mypy-src/gather_aggregate/adapters
+
 demo: setup
 	$(VENV)/bin/gather-aggregate demo --out ga_out/demo
 
@@ -44,6 +53,7 @@ demo: setup
 # (the demo never needs one) and says so when it does.
 test: setup
 	@bash scripts/ensure_system_deps.sh
+	@$(MAKE) --no-print-directory mypy-src
 	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m pytest -q $(PARALLEL) $(PYTEST_ARGS)
@@ -57,6 +67,7 @@ bench: setup
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 lint: setup
+	@$(MAKE) --no-print-directory mypy-src
 	$(PY) -m ruff check gather_aggregate adapters tests benchmarks
 	$(PY) -m mypy
 

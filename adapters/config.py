@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from gather_aggregate.errors import InputError, UnsupportedModelError
 
@@ -21,6 +21,9 @@ FAMILY_OF_MODEL_TYPE: dict[str, Family] = {"mamba": "mamba1", "falcon_mamba": "m
                                             "llamba": "discrete_mamba2"}  # Llamba: see adapters/llamba.py
 
 _SUPPORTED_ACTS = ("silu", "swish")
+
+
+_Config = TypeVar("_Config", bound="SSMConfig")  # validate() returns the subclass it is called on
 
 
 @dataclass
@@ -73,7 +76,7 @@ class SSMConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def validate(self) -> SSMConfig:
+    def validate(self: _Config) -> _Config:
         if self.hidden_act not in _SUPPORTED_ACTS:
             raise UnsupportedModelError(
                 f"hidden_act {self.hidden_act!r} is not supported by the hooked SSM adapters; "

@@ -33,8 +33,9 @@ Hooks: ``hook_embed``, ``blocks.{L}.hook_resid_pre``, ``ln1.hook_normalized``, `
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float
@@ -155,7 +156,7 @@ class HookedLlamba(HookedSSM):
     def ssm_layer_params(self, layer: int) -> SSMParams:
         """``A = -1`` per head (the decay is ``exp(-Δ)``) and ``D`` per head (implied attention and masking are
         the mixer's own, :class:`~.discrete_mamba2.DiscreteMamba2Mixer`)."""
-        m = self.ssm_mixer(layer)
+        m = cast(DiscreteMamba2Mixer, self.ssm_mixer(layer))
         return SSMParams("mamba2", m.A(), m.D.detach().float(), self.cfg.n_heads, self.cfg.d_head, self.cfg.n_groups)
 
     def __repr__(self) -> str:
@@ -174,7 +175,7 @@ def checkpoint_key(ours: str) -> str:
                                 embed="backbone.embedding.weight", layers="backbone.layers")
 
 
-def convert_state_dict(state_dict: dict[str, TensorSource], model: HookedLlamba) -> dict[str, TensorSource]:
+def convert_state_dict(state_dict: Mapping[str, TensorSource], model: HookedLlamba) -> dict[str, TensorSource]:
     """Rename checkpoint tensors to ours; a :class:`CheckpointError` lists every missing/extra/mis-shaped one."""
     cfg = model.cfg
     return rename_checked(

@@ -135,6 +135,7 @@ class HasSSMMixers(Protocol):
 class _MixerBase(nn.Module):
     cfg: SSMConfig
     A_log: nn.Parameter
+    D: nn.Parameter
     #: "auto" (kernel when possible, else chunked), "chunked", "sequential" (exposes hook_state), "kernel"
     scan_impl: str = "auto"
     mask_inputs: tuple[str, ...] = ("x", "dt", "B", "C")

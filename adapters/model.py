@@ -17,7 +17,7 @@ The residual stream is kept in fp32 when the checkpoint says
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -27,7 +27,7 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.adapters.config import SSMConfig
-from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, make_mixer
+from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make_mixer
 from gather_aggregate.errors import InputError, NonFiniteError
 from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, resolve_rows
@@ -140,9 +140,9 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         return mixer
 
     def ssm_layer_params(self, layer: int) -> SSMParams:
-        m = self.ssm_mixer(layer)
-        return SSMParams(self.cfg.family, -torch.exp(m.A_log.detach().float()), m.D.detach().float(),
-                         self.cfg.n_heads, self.cfg.d_head, self.cfg.n_groups)
+        m = cast(_MixerBase, self.ssm_mixer(layer))  # this class's blocks hold make_mixer's Mamba-1/2 mixers
+        family = cast(Literal["mamba1", "mamba2"], self.cfg.family)  # Llamba (discrete) has its own method
+        return SSMParams(family, m.A(), m.D.detach().float(), self.cfg.n_heads, self.cfg.d_head, self.cfg.n_groups)
 
     @property
     def W_U(self) -> Tensor:
