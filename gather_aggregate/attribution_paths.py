@@ -151,7 +151,7 @@ def readout_logit_changes(model: HookedModel, tokens: Tensor, metric: Any, targe
         target, mask = targets[layer]
 
         def hook(z: Tensor, hook: Any) -> Tensor:
-            steps[layer] = ((target.to(z.dtype) - z) * mask.to(z.dtype)).detach()
+            steps[layer] = ablation_step(z[None], target, mask)[0].detach()
             return add_probe(probes, layer, z)
 
         return hook
@@ -161,19 +161,16 @@ def readout_logit_changes(model: HookedModel, tokens: Tensor, metric: Any, targe
         logits_at = metric.select(model(tokens))  # [batch, k, vocab]
         toks = readout_tokens(metric, logits_at, n_tokens)  # [batch, k, n]
         chosen = logits_at.gather(-1, toks)  # [batch, k, n]
-        layers = list(targets)
+        layers = list(steps)  # the order probe_terms reads
         delta: dict[int, Tensor] = {}
         slots = [(j, t) for j in range(toks.shape[1]) for t in range(toks.shape[2])]
         for i, (j, t) in enumerate(slots):
             grads = torch.autograd.grad(chosen[:, j, t].sum(), [probes[layer] for layer in layers],
                                         retain_graph=i < len(slots) - 1, allow_unused=True)
-            for layer, g in zip(layers, grads):
+            for layer, term in probe_terms(steps, probes, grads).items():
                 axis = model.head_hook(layer)[1]
-                step = steps[layer]
                 if layer not in delta:
-                    delta[layer] = step.new_zeros(*toks.shape, step.shape[axis], dtype=torch.float64)
-                if g is None:
-                    continue
-                term = (step * g).double().movedim(axis, -1)  # [batch, ..., heads]
+                    delta[layer] = term.new_zeros(*toks.shape, term.shape[axis], dtype=torch.float64)
+                term = term.double().movedim(axis, -1)  # [batch, ..., heads]
                 delta[layer][:, j, t] = term.reshape(term.shape[0], -1, term.shape[-1]).sum(1)
     return logits_at.detach(), toks, delta
