@@ -30,6 +30,17 @@ def heads_text(heads: Sequence[Sequence[int]]) -> str:
     return " ".join(head_name(h) for h in heads) or "-"
 
 
+def text_table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """Rows as text columns, each as wide as its widest cell (numbers right-aligned)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return [line(header)] + [line(r) for r in rows]
+
+
 def _row_over_keys(model: HookedModel, tokens: Any, layer: int, head: int, rows: Any) -> Any:
     import torch
 
@@ -174,8 +185,10 @@ def _sharp_section(views: Mapping[str, Mapping[str, Any]], same_prompt: bool) ->
 
 def write_demo_report(out: Path, summary: Mapping[str, Any], models: Mapping[str, Any], scans: Mapping[str, Any],
                       tables: Mapping[str, Any], examples: Mapping[str, Sequence[Any]],
-                      cumulative: Mapping[str, Any], kv_rows: list[dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
-    """Write ``out/report.html``; returns its path and each model's views (for the console summary)."""
+                      cumulative: Mapping[str, Any], kv_rows: list[dict[str, Any]],
+                      extra: Sequence[Any] = ()) -> tuple[Path, dict[str, Any]]:
+    """Write ``out/report.html`` (``extra`` sections before the closing table); returns its path and each
+    model's views (for the console summary)."""
     from gather_aggregate.report import Figure, Markdown, Table, write_report
     from gather_aggregate.viz import head_score_heatmaps, kv_accuracy_curve
     from gather_aggregate.viz.curves import ablation_small_multiples
@@ -193,7 +206,9 @@ def write_demo_report(out: Path, summary: Mapping[str, Any], models: Mapping[str
         "to chance and knowledge should hold.\n"
         "- **Per model**: the circuit the detector names (Gather → Aggregate, with the evidence for each head), "
         "the two heads' rows drawn over one prompt, and the head scores they were named from.\n"
-        "- **Sharp vs smooth**: an attention Aggregate row against an SSM one.")]
+        "- **Sharp vs smooth**: an attention Aggregate row against an SSM one.\n"
+        "- **Hybrids** (when llama-kvmc is among the models): which heads a transformer must keep as attention "
+        "to retrieve, from the sweep shipped with the zoo, and one shipped hybrid evaluated in this run.")]
     acc_rows = [{"model": m, **{t: round(v, 3) for t, v in a.items()}} for m, a in summary["accuracy"].items()]
     acc_rows.append({"model": "chance", **{t: round(v, 3) for t, v in summary["chance"].items()}})
     sections.append(Table(acc_rows, title="Accuracy", caption=f"Fraction correct on {summary['n_prompts']} prompts "
@@ -226,6 +241,7 @@ def write_demo_report(out: Path, summary: Mapping[str, Any], models: Mapping[str
     if kv_rows:
         sections.append(Figure(kv_accuracy_curve(kv_rows, title="KV-retrieval accuracy vs dictionary size"),
                                title="KV accuracy vs dictionary size"))
+    sections.extend(extra)
     sections.append(Table([{"model": m, **{k: v for k, v in r.items() if k != "heads"}, "heads removed":
                             heads_text(r["heads"])} for m, rows in cumulative.items() for r in rows],
                           title="Cumulative ablation table"))

@@ -1,9 +1,11 @@
 """The demo on the shipped toy zoo: the paper's story at toy scale, in one command.
 
-load → evaluate → scan heads → detect G&A → ablate → sharp vs smooth → HTML report.
+load → evaluate → scan heads → detect G&A → ablate → sharp vs smooth → hybrids → HTML report.
 
 Every number it prints is measured in this run on the shipped checkpoints;
-nothing is looked up or hard-coded (heads come from the scan and detector).
+nothing is looked up or hard-coded (heads come from the scan and detector),
+except the hybrid sweep's table, which is shipped with the zoo (distilling
+takes minutes) and labelled so; its shipped hybrid is evaluated live.
 """
 
 from __future__ import annotations
@@ -90,6 +92,11 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                for size, a in claims.kv_by_size(models[name], zoo[name], [2, 4, 8, 16, 32, 48], min(n, 32),
                                                 args.seed).items()]
 
+    # 7. retrieval-guided hybrids: the sweep shipped with the zoo, one shipped hybrid evaluated live ----------
+    from gather_aggregate.demo_hybrids import hybrid_demo, hybrid_sections
+
+    hybrids = hybrid_demo(models, sets, acc)
+
     # report + summary -----------------------------------------------------------------------
     from gather_aggregate.demo_report import write_demo_report
 
@@ -100,15 +107,21 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                "aggregate_row_entropy": {m: s["mean_entropy"] for m, s in sharp.items()},
                "aggregate_row_head": {m: {"layer": s["layer"], "head": s["head"], "reads": s["reads"]}
                                       for m, s in sharp.items()},
-               "kv_by_size": kv_rows, "seconds": None}
+               "kv_by_size": kv_rows, "seconds": None,
+               "hybrid": None if hybrids is None else {k: hybrids[k] for k in ("hybrid", "kept", "d_state", "accuracy")}}
     tables = {m: g.table for m, g in ga.items()}
     report, views = write_demo_report(out, summary, models, scans, tables, {m: sets[m][task] for m in models},
-                                      cumulative, kv_rows)
+                                      cumulative, kv_rows,
+                                      extra=[] if hybrids is None else hybrid_sections(hybrids, chance, n))
     summary["query_row"] = {m: {"head": list(v["aggregate"]), "named": v["aggregate_named"], "finding": v["finding"]}
                             for m, v in views.items()}
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     atomic_write_json(out / "summary.json", summary)
     _print_summary(summary, chance)
+    if hybrids is not None:
+        from gather_aggregate.demo_hybrids import hybrid_lines
+
+        print("\n".join(hybrid_lines(hybrids, n, args.seed)))
     print(f"\nreport: {report}\nresults: {out}/summary.json, scan_*.json   ({summary['seconds']} s)")
     return 0
 
@@ -120,19 +133,9 @@ def scan_task(choice: str, acc: dict[str, dict[str, float]], chance: dict[str, f
     return "letter-mc" if all(a["letter-mc"] >= 2 * chance["letter-mc"] for a in acc.values()) else "kv"
 
 
-def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    """Rows as text columns, each as wide as its widest cell (numbers right-aligned)."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    return [line(header)] + [line(r) for r in rows]
-
-
 def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
     from gather_aggregate.demo_report import heads_text
+    from gather_aggregate.demo_report import text_table as _table
 
     tasks = list(TASKS)
     print(f"\naccuracy on {s['n_prompts']} prompts per task (seed {s['seed']})")

@@ -65,6 +65,8 @@ def test_wheel_contains_and_imports_adapters(tmp_path):
     for model in shipped:  # every file of every shipped zoo model is package data
         for f in (zoo / model).iterdir():
             assert f"gather_aggregate/zoo/{model}/{f.name}" in names, f"{model}/{f.name} missing from the wheel"
+    for f in (zoo / "hybrids").rglob("*.*"):  # the hybrid sweep and hybrids shipped with the zoo (issue 23)
+        assert f"gather_aggregate/zoo/{f.relative_to(zoo).as_posix()}" in names, f"{f} missing from the wheel"
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)

@@ -6,7 +6,8 @@
 * plotly figures, each returning a ``go.Figure``: head-score heatmaps
   (:mod:`~gather_aggregate.viz.heatmaps`), cumulative ablation, KV accuracy and
   layer-pruning curves (:mod:`~gather_aggregate.viz.curves`) and the
-  sharp-vs-smooth figure (:mod:`~gather_aggregate.viz.sharpness`).
+  sharp-vs-smooth figure (:mod:`~gather_aggregate.viz.sharpness`), KV of hybrids against the
+  attention heads they keep (:mod:`~gather_aggregate.viz.hybrids`).
 
 Names are imported on first use, so ``import gather_aggregate.viz`` is cheap.
 """
@@ -30,6 +31,7 @@ _LAZY: dict[str, str] = {
     "kv_accuracy_curve": "gather_aggregate.viz.curves",
     "layer_pruning_curve": "gather_aggregate.viz.curves",
     "sharp_vs_smooth": "gather_aggregate.viz.sharpness",
+    "hybrid_kv_curve": "gather_aggregate.viz.hybrids",
     "row_stats": "gather_aggregate.viz.sharpness",
 }
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.viz.curves import cumulative_ablation_curve, kv_accuracy_curve, layer_pruning_curve  # noqa: F401
     from gather_aggregate.viz.fit import FittedPattern, fit_pattern  # noqa: F401
     from gather_aggregate.viz.heatmaps import head_score_heatmap, head_score_heatmaps  # noqa: F401
+    from gather_aggregate.viz.hybrids import hybrid_kv_curve  # noqa: F401
     from gather_aggregate.viz.sharpness import row_stats, sharp_vs_smooth  # noqa: F401
 
 
