@@ -5,7 +5,8 @@
 * :mod:`.build`: ``hybridise(teacher, kept)`` with MOHAWK's initialisation of each SSM head from its attention head;
 * :mod:`.distill`: the three MOHAWK stages (matrix orientation, hidden-state alignment, end-to-end), resumable;
 * :mod:`.choose`: which heads to keep (exact KV scan, detector, random, bottom-k);
-* :mod:`.memory`: KV-cache against SSM-state bytes from a config.
+* :mod:`.memory`: KV-cache against SSM-state bytes from a config;
+* :mod:`.experiment`: the toy sweep; :mod:`.shipped`: its table and one hybrid, shipped with the zoo.
 
 Nothing heavy is imported until a submodule is used.
 """
