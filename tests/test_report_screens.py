@@ -76,8 +76,15 @@ def test_demo_report_in_chromium_at_1400px(demo_report, tmp_path):
             browser.close()
     assert not errors, errors
     assert not result["problems"], result["problems"]
-    # accuracy-less figures: cumulative ablation (one panel per model), sharp vs smooth, 3 heatmaps, KV sweep
-    assert len(result["figures"]) == 1 + 1 + len(MODELS) + 1
+    # accuracy-less figures: cumulative ablation (one panel per model), sharp vs smooth, 3 heatmaps, KV sweep, and
+    # with llama-kvmc among the models the hybrids' KV against heads kept (one legend entry per strategy and seed)
+    from gather_aggregate.hybridise.shipped import SWEEP_FILE, shipped_sweep
+    from gather_aggregate.viz.hybrids import hybrid_curves
+
+    hybrids = "llama-kvmc" in MODELS and SWEEP_FILE.is_file()
+    assert len(result["figures"]) == 1 + 1 + len(MODELS) + 1 + hybrids
+    if hybrids:
+        assert result["figures"][-1]["legend"] == len(hybrid_curves(shipped_sweep()))
     ablation = result["figures"][0]
     assert ablation["subplots"] == len(MODELS) and ablation["legend"] == 4  # one entry per task
     assert result["circuits"] == len(MODELS) and result["legends"] >= len(MODELS) and result["tokens"] > 100
