@@ -56,13 +56,32 @@ def measure(d: Path, n_random: int = 3) -> dict:
             "read": ga.reading["gather"]}
 
 
-@pytest.mark.parametrize("d", MODELS, ids=lambda p: p.name)
+# Known failures, stated (docs/results.md, "Fresh fixtures"): the detector is not tuned to pass them.
+XFAIL = {
+    "records-mamba2": "no Aggregate candidate: the layer-0 SSM heads that carry retrieval (L0H0/1/2/6, 1.26 of the "
+                      "margin removed together at the query vs 0.04 for random sets) give the correct record only "
+                      "~1.6-1.9x the best wrong one, under the rule's 2x; no Gather pattern at the records",
+}
+
+
+@pytest.mark.parametrize("d", [pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=XFAIL[d.name]))
+                               if d.name in XFAIL else d for d in MODELS], ids=lambda p: p.name)
 def test_detector_names_both_roles_on_fresh_models(d):
     m = measure(d)
     assert m["clean"] >= 0.8, m
     assert m["gather"] and m["aggregate"], m
     assert m["ablated"] <= 2 * m["chance"], m
     assert m["random"] and min(m["random"]) > 2 * m["chance"], m
+
+
+@pytest.mark.parametrize("d", MODELS, ids=lambda p: p.name)
+def test_fresh_models_retrieve(d):
+    """Every fixture answers its own task (so an expected detector failure above is not a broken fixture)."""
+    from gather_aggregate import load_model
+    from gather_aggregate.tasks import evaluate
+
+    model = load_model(d)
+    assert evaluate(model, _examples(model, d), progress=False).accuracy >= 0.8
 
 
 def main() -> int:
