@@ -109,3 +109,20 @@ def test_bad_inputs_are_one_line_errors(mamba2, tmp_path):
     train_graft(mamba2, AttentionGraft(mamba2, 0, 1), _batches(mamba2), 2, out_dir=tmp_path, progress=False)
     with pytest.raises(errors.InputError, match="holds a graft of L0H1, not L1H3"):
         train_graft(mamba2, AttentionGraft(mamba2, 1, 3), _batches(mamba2), 2, out_dir=tmp_path, progress=False)
+
+
+def test_random_control_heads_are_distinct_and_never_the_top_head(mamba2):
+    from gather_aggregate.hybridise.graft_experiment import random_heads
+
+    picks = random_heads(mamba2, (0, 0), range(15))
+    assert len(picks) == 15 and len(set(picks)) == 15 and (0, 0) not in picks
+    assert random_heads(mamba2, (0, 0), [0, 1]) == picks[:2]  # a seed's draw does not depend on later seeds
+    assert len(random_heads(mamba2, (0, 0), range(20))) == 15  # no more heads than there are
+
+
+def test_the_experiment_refuses_a_model_that_is_not_mamba2(tiny_llama_dir, tmp_path):
+    from gather_aggregate.hybridise.graft_experiment import run_graft_experiment
+
+    with pytest.raises(errors.InputError, match="not a Mamba-2 model"):
+        run_graft_experiment(tiny_llama_dir, tmp_path, steps=1)
+    assert not (tmp_path / "results.json").exists()

@@ -4,7 +4,7 @@
 
 For the model's top head (the detector's first G&A head on 32 KV prompts, seed 1;
 topped up in scan order if it names none) and for ``--random-seeds`` random
-other heads, one graft each (:class:`~gather_aggregate.hybridise.graft.AttentionGraft`)
+other heads (distinct: each seed draws from the heads not drawn yet), one graft each (:class:`~gather_aggregate.hybridise.graft.AttentionGraft`)
 is trained for ``--steps`` steps on the model's own training mixture.  Every row
 is measured on KV prompts of ``--pairs`` key-value pairs (seed 0, other prompts
 than the head choice); the mixture itself has the zoo's 12 pairs, so longer
@@ -50,6 +50,17 @@ def top_head(model: HookedModel, model_dir: Path) -> Head:
     return choose_heads(model, kv, 1, "detector")[0]
 
 
+def random_heads(model: HookedModel, top: Head, seeds: Sequence[int]) -> list[Head]:
+    """One head per seed, drawn uniformly from the heads other than ``top`` and those drawn before it."""
+    picked: list[Head] = []
+    for s in seeds:
+        pool = [h for h in model.all_heads() if h != top and h not in picked]
+        if not pool:
+            break
+        picked.append(random.Random(s).choice(pool))
+    return picked
+
+
 def run_graft_experiment(model_dir: Path, out: Path, *, steps: int = 300, batch_size: int = 16, lr: float = 3e-3,
                          eval_n: int = 64, pairs: Sequence[int] = (12, 48), random_seeds: Sequence[int] = (0, 1),
                          progress: bool = True) -> list[dict[str, Any]]:
@@ -69,8 +80,8 @@ def run_graft_experiment(model_dir: Path, out: Path, *, steps: int = 300, batch_
 
         raise InputError(f"{model_dir} is not a Mamba-2 model; the graft replaces a Mamba-2 head (try mamba2-ga)")
     top = top_head(model, model_dir)
-    others = [h for h in model.all_heads() if h != top]
-    grafts = [("top", top)] + [(f"random-s{s}", random.Random(s).choice(others)) for s in random_seeds]
+    grafts = [("top", top)] + [(f"random L{h[0]}H{h[1]} (seed {s})", h)
+                               for s, h in zip(random_seeds, random_heads(model, top, random_seeds))]
 
     def add(name: str, head: Head | None, hooks: list, **extra: Any) -> None:
         if name in done:
