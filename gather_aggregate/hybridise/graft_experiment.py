@@ -50,6 +50,10 @@ def top_head(model: HookedModel, model_dir: Path) -> Head:
     return choose_heads(model, kv, 1, "detector")[0]
 
 
+def _mean_loss(rows: Sequence[dict[str, float]]) -> float:
+    return round(sum(r["loss"] for r in rows) / max(len(rows), 1), 4)
+
+
 def random_heads(model: HookedModel, top: Head, seeds: Sequence[int]) -> list[Head]:
     """One head per seed, drawn uniformly from the heads other than ``top`` and those drawn before it."""
     picked: list[Head] = []
@@ -105,7 +109,7 @@ def run_graft_experiment(model_dir: Path, out: Path, *, steps: int = 300, batch_
         log = train_graft(model, graft, train, steps, lr=lr, out_dir=out / f"L{head[0]}H{head[1]}",
                           progress=progress)
         add(name, head, graft.hooks(), steps=steps, minutes_this_session=round((time.time() - t0) / 60, 2),
-            loss_first=round(log[0]["loss"], 4), loss_last=round(log[-1]["loss"], 4))
+            loss_first20=_mean_loss(log[:20]), loss_last20=_mean_loss(log[-20:]))
     return rows
 
 
