@@ -55,7 +55,7 @@ def accuracy(model: PreTrainedModel, items: Sequence[EvalItem], vocab: dict[str,
     for i in range(0, len(items), batch_size):
         chunk = items[i : i + batch_size]
         x, last = _encode(chunk, vocab, pad_id)
-        logits = model(input_ids=x).logits[torch.arange(len(chunk)), last]  # [batch, vocab]
+        logits = model(input_ids=x, use_cache=False).logits[torch.arange(len(chunk)), last]  # [batch, vocab]
         for b, it in enumerate(chunk):
             cand = [vocab[c.split()[0]] for c in it.candidates]
             best = it.candidates[int(torch.argmax(logits[b, cand]))]

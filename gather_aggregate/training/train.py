@@ -3,8 +3,8 @@
     python -m gather_aggregate.training.train --arch llama --out DIR --steps 6000 --seed 0 --threads 1
 
 Architectures: ``llama`` (``LlamaForCausalLM``), ``mamba2`` (``Mamba2ForCausalLM``),
-``mamba1`` (``MambaForCausalLM`` trained with ``use_mambapy=True``, saved with it
-off so the checkpoint loads without mambapy), ``bamba`` (``BambaForCausalLM``: Mamba-2
+``mamba1`` (``MambaForCausalLM`` trained through this project's chunked S6 scan,
+:mod:`.mamba1_scan_forward`; ``--mamba1-scan hf`` trains through HF's own mambapy path instead), ``bamba`` (``BambaForCausalLM``: Mamba-2
 layers with attention at ``--attn-layers``).  ``--init DIR`` warm-starts from a
 directory this script wrote (the shipped zoo was trained in such stages; see each
 model's ``LINEAGE.md``).  All share one word-level world
@@ -66,8 +66,8 @@ def build_model(cfg: TrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> 
         from transformers import MambaConfig, MambaForCausalLM
 
         hf = MambaConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, state_size=cfg.d_state,
-                         expand=2, conv_kernel=4, use_mambapy=True, **common)
-        return MambaForCausalLM(hf)
+                         expand=2, conv_kernel=4, use_mambapy=False, **common)
+        return set_mamba1_scan(MambaForCausalLM(hf), cfg.mamba1_scan)
     if cfg.arch == "bamba":
         from transformers import BambaConfig, BambaForCausalLM
 
@@ -98,7 +98,7 @@ def load_init(cfg: TrainConfig, vocab_size: int) -> Any:
         raise ValueError(f"--init {init} has vocab size {model.config.vocab_size}, the world has {vocab_size}; "
                          "use the same --world-seed")
     if cfg.arch == "mamba1":
-        model.config.use_mambapy = True
+        set_mamba1_scan(model, cfg.mamba1_scan)
     if cfg.grow_to is not None:
         grow_layers(model, cfg.grow_to, cfg.seed)
     return model
@@ -137,6 +137,20 @@ def grow_layers(model: PreTrainedModel, n_layers: int, seed: int) -> None:
     model.config.num_hidden_layers = n_layers
 
 
+def set_mamba1_scan(model: Any, scan: str) -> Any:
+    """Train a ``MambaForCausalLM`` through the chunked scan (``"chunked"``) or HF's mambapy path (``"hf"``);
+    either way the parameters and the saved checkpoint are HF's."""
+    from gather_aggregate.training.mamba1_scan_forward import use_chunked_scan, use_hf_scan
+
+    if scan == "chunked":
+        model.config.use_mambapy = False
+        return use_chunked_scan(model)
+    if scan == "hf":
+        model.config.use_mambapy = True
+        return use_hf_scan(model)
+    raise ValueError(f"--mamba1-scan {scan!r}: choose 'chunked' or 'hf'")
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up, then cosine decay to 10 % of ``cfg.lr`` at ``cfg.steps``."""
     assert cfg.lr is not None
@@ -154,10 +168,11 @@ def kv_max_at(step: int, cfg: TrainConfig) -> int:
 
 def save_checkpoint(model: PreTrainedModel, tokenizer: Any, world: World, cfg: TrainConfig, out: Path, record: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.arch == "mamba1":
+    mambapy = getattr(model.config, "use_mambapy", None)
+    if mambapy:
         model.config.use_mambapy = False  # loads anywhere; training speed is not a property of the checkpoint
     model.save_pretrained(out, safe_serialization=True)
-    if cfg.arch == "mamba1":
+    if mambapy:
         model.config.use_mambapy = True
     save_world(world, tokenizer, out, kv_sizes=list(range(Mixture().kv_min_pairs, cfg.kv_max + 1)))
     (out / "train_config.json").write_text(json.dumps(record, indent=1))

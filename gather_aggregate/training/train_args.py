@@ -82,6 +82,8 @@ class TrainConfig:
         None, "stop after N steps while the learning-rate schedule still spans --steps (a stage that takes the "
               "step-N checkpoint of a longer run)", metavar="N")
     progress: bool = _option(True, "no progress bar (the log lines stay)", flag="--no-progress")
+    mamba1_scan: str = _option("chunked", "mamba1 only: train through the project's chunked S6 scan or HF's "
+                                           "mambapy path", choices=("chunked", "hf"))
 
     def resolved(self) -> TrainConfig:
         cfg = dataclasses.replace(self)
