@@ -27,6 +27,9 @@ from torch import Tensor
 #: Largest within-chunk log-decay span |Σ Δ·A| for which the Mamba-1 chunk uses the
 #: rescaled-cumsum form; e^60 ≈ 1e26 leaves fp32 head-room for the rescaled inputs.
 MAX_LOG_SPAN = 60.0
+#: The same bound when gradients flow through the scan: the backward of ``writes / e^{S}`` divides by the decay
+#: twice (``e^{2·span}``), so e^60 would overflow fp32 (max ≈ e^88) and train to NaN; e^30 keeps e^60 there.
+MAX_LOG_SPAN_GRAD = 30.0
 
 
 # ----------------------------------------------------------------------------- Mamba-1
@@ -83,7 +86,7 @@ def mamba1_scan(
     D: Float[Tensor, " d_inner"] | None = None,
     *,
     chunk: int = 16,
-    max_log_span: float = MAX_LOG_SPAN,
+    max_log_span: float | None = None,
 ) -> Float[Tensor, "batch pos d_inner"]:
     """Chunked S6 scan: a loop over chunks of ``chunk`` steps, each done in parallel.
 
@@ -97,8 +100,13 @@ def mamba1_scan(
     The form is used only when the chunk's largest log-decay span is at most
     ``max_log_span`` (so ``e^{-S_s}`` cannot overflow) and the result is
     finite; otherwise that chunk falls back to a log-depth doubling scan, which
-    is stable for any Δ·A.  Both are exact up to fp32 rounding.
+    is stable for any Δ·A.  Both are exact up to fp32 rounding.  Both are
+    differentiable; when a gradient will flow (``max_log_span=None`` and an input
+    requires grad) the bound is :data:`MAX_LOG_SPAN_GRAD`, so the backward stays finite too.
     """
+    if max_log_span is None:
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, dt, A, B, C, D))
+        max_log_span = MAX_LOG_SPAN_GRAD if grad else MAX_LOG_SPAN
     b, L, d_inner = x.shape
     h = x.new_zeros(b, d_inner, A.shape[1])
     a_max = A.abs().amax(-1)

@@ -46,6 +46,24 @@ def test_chunked_scan_gradients_in_fp32_within_1e_4():
         assert ((a - r).abs().max() / r.abs().max().clamp_min(1.0)).item() <= 1e-4
 
 
+def test_chunked_scan_gradients_stay_finite_where_the_closed_form_forward_is_at_its_span_limit():
+    """A within-chunk log-decay span of ~50 is fine for the forward (e^50 < fp32 max) but the closed form's
+    backward divides by the decay twice (e^100 overflows): with gradients on, the scan must bound the span lower."""
+    g = torch.Generator().manual_seed(7)
+    b, L, d, n = 2, 64, 8, 4
+    x, B, C = torch.randn(b, L, d, generator=g), torch.randn(b, L, n, generator=g), torch.randn(b, L, n, generator=g)
+    A = -torch.linspace(1, 16, n).repeat(d, 1)
+    dt = torch.full((b, L, d), 50 / 16 / 16)  # 16 steps x 16 (|A| max) x dt = a span of 50 per chunk
+    ins = [t.clone().requires_grad_() for t in (x, dt, A, B, C)]
+    mamba1_scan(*ins).square().sum().backward()
+    ref = [t.clone().double().requires_grad_() for t in (x, dt, A, B, C)]
+    mamba1_scan_ref(*ref)[0].square().sum().backward()
+    for t, r in zip(ins, ref):
+        assert t.grad is not None and r.grad is not None
+        assert torch.isfinite(t.grad).all()
+        assert ((t.grad.double() - r.grad).abs().max() / r.grad.abs().max().clamp_min(1.0)).item() <= 1e-4
+
+
 def _tiny_mamba(seed: int, **kw):
     from transformers import MambaConfig, MambaForCausalLM
 

@@ -248,6 +248,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         loss = train_step(model, opt, *next(batches))
+        if not math.isfinite(loss.item()):
+            from gather_aggregate.errors import NonFiniteError
+
+            raise NonFiniteError(f"training loss is {loss.item()} at step {step + 1}; the last good checkpoint is in "
+                                 f"{out} (restart from it with --init and a lower --lr)")
         run_loss += loss.item()
         run_n += 1
         bar.update(1)
