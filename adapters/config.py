@@ -108,6 +108,11 @@ def _as_int_or_none(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
+#: Optional key of a Mamba-1 checkpoint's ``config.json``: the channel-group size its heads default to
+#: (``head_size=`` given to the loader wins; without either, each channel is a head).
+GA_HEAD_SIZE_KEY = "ga_head_size"
+
+
 def _check_head_size(head_size: Any, d_inner: int) -> int:
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size < 1:
         raise InputError(f"head_size must be a positive int, got {head_size!r}")
@@ -155,7 +160,9 @@ def config_from_hf(hf_config: Any, *, head_size: int | None = None) -> SSMConfig
         d_inner = int(getattr(hf_config, "intermediate_size", None) or int(g("expand") * d_model))
         rank = g("time_step_rank")
         dt_rank = math.ceil(d_model / 16) if rank == "auto" else int(rank)
-        hs = _check_head_size(1 if head_size is None else head_size, d_inner)
+        if head_size is None:  # a checkpoint may name its channel groups (the zoo's mamba1-ga: 32); else per channel
+            head_size = int(getattr(hf_config, GA_HEAD_SIZE_KEY, None) or 1)
+        hs = _check_head_size(head_size, d_inner)
         eps = float(g("mixer_rms_eps")) if model_type == "falcon_mamba" else None
         return SSMConfig(family="mamba1", d_inner=d_inner, n_heads=d_inner // hs, d_head=hs,
                          dt_rank=dt_rank, mixer_rms_eps=eps, **common).validate()

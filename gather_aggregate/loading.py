@@ -217,7 +217,8 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
         device_map: accelerate-style placement, ``"auto"`` or ``{module name: device}`` (needs the
             ``[accelerate]`` extra); SSM/hybrid parameters are read straight onto their devices.
         tokenizer: use this tokenizer instead of the one saved with the model.
-        **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups).
+        **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups; without it a
+            Mamba-1 checkpoint's ``ga_head_size`` config key, else one channel per head).
     """
     device = parse_device(device)
     name_or_path = resolve_source(name_or_path)

@@ -124,3 +124,17 @@ def test_checkpoint_is_plain_hf_and_reloads_exactly(tmp_path):
         assert (back(input_ids=ids, use_cache=False).logits - ours.eval()(input_ids=ids).logits).abs().max() <= 1e-4
     use_hf_scan(ours)
     assert all(type(m) is MambaMixer for m in ours.modules() if isinstance(m, MambaMixer))
+
+
+def test_a_checkpoint_names_its_default_channel_groups_and_head_size_overrides_it(tmp_path):
+    from gather_aggregate.adapters.config import config_from_hf
+
+    model = _tiny_mamba(6)  # d_inner 48
+    assert config_from_hf(model.config).n_heads == 48  # one channel per head
+    model.config.ga_head_size = 12
+    model.save_pretrained(tmp_path)
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    assert (config_from_hf(cfg).n_heads, config_from_hf(cfg).d_head) == (4, 12)
+    assert config_from_hf(cfg, head_size=1).n_heads == 48
