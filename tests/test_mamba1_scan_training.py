@@ -138,3 +138,23 @@ def test_a_checkpoint_names_its_default_channel_groups_and_head_size_overrides_i
     cfg = AutoConfig.from_pretrained(tmp_path)
     assert (config_from_hf(cfg).n_heads, config_from_hf(cfg).d_head) == (4, 12)
     assert config_from_hf(cfg, head_size=1).n_heads == 48
+
+
+def test_shipped_mamba1_zoo_model_is_exact_to_hf_on_reload():
+    """The zoo's Mamba-1 (trained through the chunked scan) loads in HF's ``MambaForCausalLM`` and in ours with
+    the same logits (fp32, <= 1e-4), with its channel groups as heads."""
+    from transformers import MambaForCausalLM
+
+    from gather_aggregate import load_model
+    from gather_aggregate.zoo import list_zoo
+
+    if "mamba1-ga" not in list_zoo():
+        pytest.skip("the zoo's mamba1-ga is not shipped in this checkout")
+    path = list_zoo()["mamba1-ga"]
+    hf = MambaForCausalLM.from_pretrained(path).eval()
+    ours = load_model(path)
+    assert (ours.layers[0].n_heads, ours.cfg.d_head) == (8, 32)
+    ids = torch.randint(0, hf.config.vocab_size, (3, 80), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, use_cache=False).logits
+        assert (ours(ids) - ref).abs().max().item() <= 1e-4
