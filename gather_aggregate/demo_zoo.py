@@ -25,12 +25,12 @@ def _bar(items: list[Any], desc: str) -> Any:
 
 
 def _zoo(args: argparse.Namespace) -> dict[str, Path]:
-    from gather_aggregate.zoo import list_zoo, resolve_model_path
+    from gather_aggregate.zoo import demo_models, resolve_model_path
 
     if args.model:
         names = [m for m in str(args.model).split(",") if m]
         return {Path(resolve_model_path(n)).name: Path(resolve_model_path(n)) for n in names}
-    return list_zoo()
+    return demo_models()
 
 
 def run_zoo_demo(args: argparse.Namespace) -> int:
