@@ -12,7 +12,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,10 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to a temporary file next to ``path``, then ``os.replace`` it into place.  The file gets the
-    permissions a plain ``open`` would give it (``mkstemp`` makes 0600; results are meant to be shared)."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> Path:
+    """Let ``write(tmp)`` fill a temporary file next to ``path``, then ``os.replace`` it into place (also for
+    binary writers: ``torch.save``, safetensors).  The file gets the permissions a plain ``open`` would give it
+    (``mkstemp`` makes 0600; results are meant to be shared); on an error the temporary file is removed."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -35,11 +36,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     except OSError as exc:
         raise InputError(f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable output "
                          "directory (e.g. --out /tmp/ga_out)") from None
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -47,6 +46,18 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` atomically (:func:`atomic_write`)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return atomic_write(path, write)
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:

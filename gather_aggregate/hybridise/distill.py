@@ -117,11 +117,9 @@ def _fingerprint(student: HookedHeadHybrid, cfg: DistillConfig, extra: dict[str,
 
 
 def _save_state(out: Path, state: dict[str, Any], log: list[dict[str, Any]]) -> None:
-    from gather_aggregate.io import atomic_write_text
+    from gather_aggregate.io import atomic_write, atomic_write_text
 
-    tmp = out / f".{STATE}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, out / STATE)
+    atomic_write(out / STATE, lambda tmp: torch.save(state, tmp))
     atomic_write_text(out / LOG, "".join(json.dumps(r) + "\n" for r in log))
 
 

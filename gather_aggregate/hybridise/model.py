@@ -165,14 +165,12 @@ class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
 
         from safetensors.torch import save_file
 
-        from gather_aggregate.io import atomic_write_text
+        from gather_aggregate.io import atomic_write, atomic_write_text
 
         out = Path(directory).expanduser()
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        tmp = out / f".{WEIGHTS}.tmp"
-        save_file(state, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, out / WEIGHTS)
+        atomic_write(out / WEIGHTS, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(out))
         atomic_write_text(out / "config.json", json.dumps(self.cfg.to_dict(), indent=1) + "\n")
