@@ -23,6 +23,7 @@ so every analysis runs on the grafted model and nothing is left on it afterwards
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.io import atomic_write
 
 if TYPE_CHECKING:
     from gather_aggregate.adapters.model import HookedSSM
@@ -121,34 +123,24 @@ def train_graft(model: HookedSSM, graft: AttentionGraft, batches: Callable[[int]
         graft.load_state_dict(state["graft"])
         opt.load_state_dict(state["opt"])
         start, log = state["step"], state["log"]
-    frozen = [p.requires_grad for p in model.parameters()]
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        bar = tqdm(total=steps, initial=start, desc=f"graft L{graft.layer}H{graft.head}", disable=not progress)
-        for step in range(start, steps):
-            x, y = batches(step)
-            loss = _answer_loss(model, graft, x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            log.append({"step": step + 1, "loss": float(loss.detach()), "time": time.time()})
-            bar.update(1)
-            if state_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
-                _save(state_path, {"layer": graft.layer, "head": graft.head, "graft": graft.state_dict(),
-                                   "opt": opt.state_dict(), "step": step + 1, "log": log})
-        bar.close()
-    finally:
-        for p, flag in zip(model.parameters(), frozen):
-            p.requires_grad_(flag)
+    params = list(graft.parameters())
+    bar = tqdm(total=steps, initial=start, desc=f"graft L{graft.layer}H{graft.head}", disable=not progress)
+    for step in range(start, steps):
+        x, y = batches(step)
+        loss = _answer_loss(model, graft, x, y)
+        # gradients of the graft's parameters only: the model's weights get none, and their flags stay as they are
+        for p, g in zip(params, torch.autograd.grad(loss, params)):
+            p.grad = g
+        opt.step()
+        log.append({"step": step + 1, "loss": float(loss.detach()), "time": time.time()})
+        bar.update(1)
+        if state_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+            state = {"layer": graft.layer, "head": graft.head, "graft": graft.state_dict(),
+                     "opt": opt.state_dict(), "step": step + 1, "log": log}
+            atomic_write(state_path, functools.partial(torch.save, state))
+    bar.close()
     return log
 
-
-def _save(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
 
 
 __all__ = ["AttentionGraft", "train_graft"]
