@@ -26,6 +26,7 @@ With a cache (generation) the mixer defers to HF's own forward.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -95,11 +96,7 @@ def use_hf_scan(model: Any) -> Any:
     return model
 
 
-_CLASS: list[type] = []
-
-
+@functools.cache
 def _scan_mixer() -> type:
     """The one :class:`ScanMambaMixer` class (built lazily so importing this module does not import transformers)."""
-    if not _CLASS:
-        _CLASS.append(_mixer_class())
-    return _CLASS[0]
+    return _mixer_class()
