@@ -53,7 +53,8 @@ def shipped_hybrids() -> dict[str, Path]:
 
 
 def series(row: Mapping[str, Any]) -> str:
-    """The curve a row belongs to: its strategy, ``random (seed s)`` for random heads, `` N = n`` for another state."""
+    """The curve a row belongs to: its strategy, ``random (seed s)`` for random heads (:func:`label` adds the state
+    size when it is not the head dimension)."""
     name = str(row["strategy"])
     if name == "random":
         name += f" (seed {row['seed']})"
