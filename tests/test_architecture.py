@@ -27,10 +27,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "interventions": ("interventions", "layer_resume", "distributed"),
     "analysis": ("scan", "patching", "attribution_paths", "attribution_star", "attribution", "detect",
                  "detect_evidence", "detect_causal", "detect_rules", "experiments", "claims", "hybridise.choose",
-                 "hybridise.distill"),
+                 "hybridise.distill", "hybridise.graft"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "demo_report", "demo_hybrids",
                    "training",
-                   "hybridise", "lm_eval"),  # the rest of hybridise: its facade, experiment.py, memory_cli.py
+                   "hybridise", "lm_eval"),  # the rest of hybridise: its facade, experiment.py, graft_experiment.py, ...
 }
 
 
