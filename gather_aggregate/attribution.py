@@ -84,14 +84,15 @@ ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
 def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                      method: Method = "zero", reference: Any = None, *, estimator: Estimator = "ig",
                      steps: int = 4, graddrop: bool = True, verify: int = 0, per_position: bool = True,
-                     seed: int = 0, readout_tokens: int = 4) -> ScanResult:
+                     seed: int = 0, readout_tokens: int = 4, qk_layers: int | None = None) -> ScanResult:
     """Estimated ablation drop of every head in ``heads`` (default: all), by ``estimator``.
 
     ``estimator``: ``"atp"`` (one forward + backward), ``"ig"`` (``steps`` path points stacked in one forward +
     backward), ``"atp*"`` (AtP with the QK fix and GradDrop), ``"atp-softmax"`` (the readout logits of
     ``readout_tokens`` tokens per row linearised, the metric exact on them: one forward and
     ``readout_tokens`` backwards per readout row) or ``"atp*-softmax"`` (the same with the QK fix in the
-    linearised logits; see the module docstring).  The table has the
+    linearised logits; see the module docstring).  ``qk_layers=n`` (AtP*, AtP*-softmax): the QK fix recomputes
+    only the first ``n`` attention layers above each head (the others keep their linear term); default all.  The table has the
     same columns as :func:`~gather_aggregate.scan.exact_scan`'s, so
     :func:`~gather_aggregate.scan.compare_rankings` compares them.
 
@@ -109,6 +110,9 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     if not isinstance(readout_tokens, int) or isinstance(readout_tokens, bool) or readout_tokens < 1:
         raise InputError(f"readout_tokens must be a positive int (logits linearised per readout row), "
                          f"got {readout_tokens!r}")
+    if qk_layers is not None and (not isinstance(qk_layers, int) or isinstance(qk_layers, bool) or qk_layers < 1):
+        raise InputError(f"qk_layers must be None (every attention layer above a head) or a positive int, "
+                         f"got {qk_layers!r}")
     if estimator.endswith("-softmax") and not isinstance(metric, ReadoutMetric):
         raise InputError(f"estimator={estimator!r} needs a ReadoutMetric (it reads the logits the metric reads); "
                          "wrap your metric: ReadoutMetric(fn, positions), or use estimator='atp'")
@@ -134,7 +138,8 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
             from gather_aggregate.attribution_star import star_softmax
 
             logits_at, toks, delta, meta["qk_fix_layers"] = star_softmax(model, tokens, metric, clean_z, targets,
-                                                                         by_layer, readout_tokens)
+                                                                         by_layer, readout_tokens, qk_layers)
+            meta["qk_layers"] = qk_layers
         clean, est = _softmax_fixed(metric, logits_at, toks, delta, by_layer)
         meta["readout_tokens"] = readout_tokens
     elif estimator == "atp":
@@ -143,7 +148,8 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     else:
         from gather_aggregate.attribution_star import atp_star
 
-        clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop)
+        clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop,
+                                    qk_layers=qk_layers)
         meta.update(info)
     meta["metric_clean"] = clean
     rows = [_row(model, layer, h, clean, clean - est[(layer, h)]) for layer, h in heads]

@@ -100,15 +100,17 @@ def pattern_vjp(model: HookedModel, layer: int, resid: Tensor, grad_a: Tensor) -
 
 def pattern_changes(model: HookedModel, resid: dict[int, Tensor], patterns: dict[int, Tensor],
                     steps: dict[int, Tensor], by_layer: dict[int, list[int]], attn_layers: list[int],
-                    max_rows: int = 256) -> Iterator[tuple[int, list[int], int, Tensor, Tensor]]:
+                    max_rows: int = 256, qk_layers: int | None = None) -> Iterator[tuple[int, list[int], int, Tensor, Tensor]]:
     """``(layer, heads, l, ΔA, Δr)`` for chunks of the scanned heads of ``layer`` and every attention layer ``l``
     of ``attn_layers`` above it: ``Δr = Δ_h @ W[:, h]ᵀ`` ``[heads, batch, pos, d_model]`` (the direct residual
     change) and ``ΔA = A_l(r_l + Δr) - A_l(r_l)`` ``[heads, batch, ...pattern]``, each head a stacked copy of
     the batch (at most ``max_rows`` rows per recomputation).  Heads of a layer without
-    :meth:`~gather_aggregate.protocol.HookedModel.mixer_resume` are skipped."""
+    :meth:`~gather_aggregate.protocol.HookedModel.mixer_resume` are skipped.  ``qk_layers=n``: only the first
+    ``n`` attention layers above each head (the approximation that keeps the cost near one attention layer per
+    head: the patterns further up keep their linear term)."""
     for layer, hs in by_layer.items():
         spec = model.mixer_resume(layer)
-        above = [la for la in attn_layers if la > layer]
+        above = [la for la in attn_layers if la > layer][:qk_layers]
         if spec is None or not above:
             continue
         w_out = spec[1].detach()
@@ -129,14 +131,16 @@ def pattern_changes(model: HookedModel, resid: dict[int, Tensor], patterns: dict
 
 
 def qk_corrections(model: HookedModel, resid: dict[int, Tensor], patterns: dict[int, Tensor], grad_a: dict[int, Tensor],
-                   steps: dict[int, Tensor], by_layer: dict[int, list[int]], max_rows: int = 256) -> dict[Head, float]:
+                   steps: dict[int, Tensor], by_layer: dict[int, list[int]], max_rows: int = 256,
+                   qk_layers: int | None = None) -> dict[Head, float]:
     """Per scanned head: ``Σ_l ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂M/∂A_l, Δr_h⟩`` over the
     attention layers above it (the nonlinear part of the direct QK path; added to the estimated metric change)."""
     out: dict[Head, float] = {(layer, h): 0.0 for layer, hs in by_layer.items() for h in hs}
     attn_layers = list(grad_a)
     vjp = {la: pattern_vjp(model, la, resid[la], grad_a[la]) for la in attn_layers
            if any(la > layer for layer in by_layer)}
-    for layer, chunk, la, d_a, dr in pattern_changes(model, resid, patterns, steps, by_layer, attn_layers, max_rows):
+    for layer, chunk, la, d_a, dr in pattern_changes(model, resid, patterns, steps, by_layer, attn_layers, max_rows,
+                                                     qk_layers):
         exact = (d_a * grad_a[la][None]).double().flatten(1).sum(1)
         lin = (dr * vjp[la][None]).double().flatten(1).sum(1)
         for i, h in enumerate(chunk):
@@ -192,7 +196,8 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
 
 
 def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
-             targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True) -> tuple[float, dict[Head, float], dict]:
+             targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True,
+             qk_layers: int | None = None) -> tuple[float, dict[Head, float], dict]:
     """``(metric_clean, estimated drop per head, meta)`` of AtP* (see the module docstring)."""
     attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
             and any(la > layer for layer in by_layer)]
@@ -220,7 +225,7 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
     est = _estimates(model, by_layer, terms)
     steps = {la: (targets[la][0] - clean_z[la]) * targets[la][1] for la in by_layer}
     grad_a = {la: (torch.zeros_like(patterns[la]) if g is None else g) for la, g in zip(attn, g_attn)}
-    fix = qk_corrections(model, resid, patterns, grad_a, steps, by_layer) if attn else {}
+    fix = qk_corrections(model, resid, patterns, grad_a, steps, by_layer, qk_layers=qk_layers) if attn else {}
     star = {hd: v - fix.get(hd, 0.0) for hd, v in est.items()}
     meta: dict[str, Any] = {"qk_fix_layers": attn, "graddrop": graddrop}
     if graddrop and model.n_layers > 1:
@@ -239,7 +244,7 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
 
 def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[int, Tensor],
                  targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], n_tokens: int,
-                 ) -> tuple[Tensor, Tensor, dict[int, Tensor], list[int]]:
+                 qk_layers: int | None = None) -> tuple[Tensor, Tensor, dict[int, Tensor], list[int]]:
     """The QK fix carried into the readout logits (``estimator="atp*-softmax"``).
 
     For every readout slot ``s`` (row ``j``, token ``t``: the tokens of
@@ -254,6 +259,7 @@ def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[
     from one stacked backward per layer.  Returns the clean readout logits, the tokens, ``δℓ*`` per layer
     ``[batch, k, n, heads]`` and the QK-fixed layers.  With no attention layer above a head it is AtP-softmax's
     ``δℓ``; for a metric linear in the logits the metric on ``ℓ + δℓ*`` is AtP* without GradDrop.
+    ``qk_layers=n`` recomputes the first ``n`` attention layers above each head only (:func:`pattern_changes`).
     """
     attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
             and any(la > layer for layer in by_layer)]
@@ -288,7 +294,7 @@ def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[
                            ).reshape(n_slots, *resid[la].shape) for la in attn}
     steps = {la: (targets[la][0] - clean_z[la]) * targets[la][1] for la in by_layer}
     k, n = toks.shape[1], toks.shape[2]
-    for layer, chunk, la, d_a, dr in pattern_changes(model, resid, patterns, steps, by_layer, attn):
+    for layer, chunk, la, d_a, dr in pattern_changes(model, resid, patterns, steps, by_layer, attn, qk_layers=qk_layers):
         exact = torch.einsum("cbx,sbx->cbs", d_a.flatten(2).double(), grad_a[la].flatten(2).double())
         lin = torch.einsum("cbx,sbx->cbs", dr.flatten(2).double(), vjp[la].flatten(2).double())
         fix = (exact - lin).reshape(len(chunk), batch, k, n)  # slots in (j, t) order
