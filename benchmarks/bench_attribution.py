@@ -1,6 +1,7 @@
-"""Attribution against the exact scan: AtP, AtP*, integrated gradients, AtP-softmax, exact verification; one run.
+"""Attribution against the exact scan: AtP, AtP*, integrated gradients, AtP-softmax, AtP*-softmax, exact verification.
 
-For each model, on the same KV prompts and metric (mean log-prob of the right
+For each model (the zoo; with ``--fixtures`` also the detector's fresh models in ``tests/fixtures/models`` on
+their own tasks, as ``tests/test_detect_fixtures.py`` builds them), on the same KV prompts and metric (mean log-prob of the right
 answer, or ``--metric logit_diff``), every estimator ranks every head and is
 compared with the exact scan (:func:`gather_aggregate.scan.exact_scan`):
 Spearman ρ over all heads, top-5 overlap, and its wall time as a fraction of
@@ -9,6 +10,7 @@ the exact scan itself on ``n`` other prompts (seed 1): how far its own ranking
 reproduces, the ceiling no estimator can be asked to beat by much.
 
     python benchmarks/bench_attribution.py                          # the shipped zoo
+    python benchmarks/bench_attribution.py --fixtures               # the zoo and the detector fixtures
     python benchmarks/bench_attribution.py --models --deep 12 --deep-heads 16 --n 8 --no-ceiling  # 192 heads, random weights
 """
 
@@ -22,6 +24,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(__file__))
+FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, "tests", "fixtures")
 
 
 def _best(fn, repeats: int):
@@ -38,22 +41,54 @@ def verify_count(n_heads: int) -> int:
     return max(5, math.ceil(0.05 * n_heads))
 
 
-def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling: bool = True) -> dict:
+def fixture_dirs() -> list:
+    """The detector's fresh models (``tests/fixtures/models/*`` with weights)."""
+    from pathlib import Path
+
+    return sorted(p for p in (Path(FIXTURES) / "models").glob("*") if (p / "model.safetensors").is_file())
+
+
+def fixture_setup(path, n: int, kind: str):
+    """``(model, task, tokens, metric)`` for a fixture: its own task, as ``tests/test_detect_fixtures.py`` builds it
+    (records retrieval where the fixture says so, else MQAR or KV with 8 pairs)."""
+    from gather_aggregate import load_model
+    from gather_aggregate.tasks import task_metric
+    from gather_aggregate.tasks.registry import get_task
+
+    model = load_model(path)
+    if (path / "fixture.json").is_file():
+        sys.path.insert(0, FIXTURES)
+        from records import RecordsRetrieval
+
+        task = RecordsRetrieval.for_model(path)
+    elif path.name.startswith("mqar"):
+        task = get_task("mqar", model_dir=path, n_pairs=8, n_queries=1)
+    else:
+        task = get_task("kv", model_dir=path, n_pairs=8)
+    tokens, metric = task_metric(model, task.examples(model.tokenizer, n=n, seed=0), kind=kind)
+    return model, task, tokens, metric
+
+
+def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling: bool = True,
+          fixture: bool = False) -> dict:
     from bench_scan import kv_setup
 
     from gather_aggregate.attribution import attribution_scan
     from gather_aggregate.scan import compare_rankings, exact_scan
 
-    model, task, tokens, metric = kv_setup(name, n, None, 1, path, kind)
+    model, task, tokens, metric = fixture_setup(path, n, kind) if fixture else kv_setup(name, n, None, 1, path, kind)
     heads = len(model.all_heads())
     t_exact, exact = _best(lambda: exact_scan(model, tokens, metric, progress=False), repeats)
     methods = {
         "AtP": dict(estimator="atp"),
         "AtP*": dict(estimator="atp*"),
         f"IG k={steps}": dict(estimator="ig", steps=steps),
+        f"IG k=2 + exact top-{verify_count(heads)}": dict(estimator="ig", steps=2, verify=verify_count(heads)),
         f"AtP + exact top-{verify_count(heads)}": dict(estimator="atp", verify=verify_count(heads)),
         "AtP-softmax": dict(estimator="atp-softmax"),
         f"AtP-softmax + exact top-{verify_count(heads)}": dict(estimator="atp-softmax", verify=verify_count(heads)),
+        "AtP*-softmax": dict(estimator="atp*-softmax"),
+        "AtP*-softmax, next attn layer": dict(estimator="atp*-softmax", qk_layers=1),
     }
     row = {"model": name, "heads": heads, "prompts": tuple(tokens.shape), "exact_s": t_exact, "methods": {}}
     for label, kw in methods.items():
@@ -86,16 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", choices=["logprob", "logit_diff"], default="logprob")
     p.add_argument("--steps", type=int, default=4, help="integrated-gradients path points")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--fixtures", action="store_true", help="also the detector's fresh models (tests/fixtures/models)")
     p.add_argument("--no-ceiling", action="store_true",
                    help="skip the last column: the exact scan on other prompts (seed 1) against the one on seed 0")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    targets = [(m, None) for m in (args.models if args.models is not None else list(list_zoo()))]
+    targets = [(m, None, False) for m in (args.models if args.models is not None else list(list_zoo()))]
+    if args.fixtures:
+        targets += [(d.name, d, True) for d in fixture_dirs()]
     if args.deep:
-        targets += [deep_random_dir(arch, args.deep, args.deep_heads) for arch in ("llama", "mamba2")]
+        targets += [(*deep_random_dir(arch, args.deep, args.deep_heads), False) for arch in ("llama", "mamba2")]
     header = False
-    for name, path in targets:  # each row printed as soon as it is measured
-        r = bench(name, path, args.n, args.metric, args.steps, args.repeats, not args.no_ceiling)
+    for name, path, fixture in targets:  # each row printed as soon as it is measured
+        r = bench(name, path, args.n, args.metric, args.steps, args.repeats, not args.no_ceiling, fixture)
         if not header:
             labels = list(r["methods"])
             print("| model | heads | prompts | exact (s) | "

@@ -50,6 +50,13 @@ A head's exact score is ``c(h) = M(clean) - M(h ablated)``
   needs a :class:`~gather_aggregate.readout.ReadoutMetric`; it leaves the
   non-linearity inside the network (an attention softmax above the head) to
   the first-order term, like AtP.
+* **Both fixes** (``"atp*-softmax"``): AtP*'s QK fix carried into those
+  readout logits, ``δℓ*_h = δℓ_h + Σ_l [⟨∂ℓ/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩
+  - ⟨J_{A_l}ᵀ ∂ℓ/∂A_l, Δr_h⟩]`` (the exact pattern change of every attention
+  layer above the head on its direct path, weighted by each logit's own
+  gradient at the pattern), and the metric exact on ``ℓ + δℓ*_h``
+  (:func:`~gather_aggregate.attribution_star.star_softmax`).  No GradDrop.  What
+  stays linear is the path from the pattern change to the logits.
 
 All estimators hang their probes on the models' hooks inside ``with
 model.hooks(...)`` (gone when the call returns, also after an error) and take
@@ -70,20 +77,22 @@ from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.readout import ReadoutMetric
 from gather_aggregate.scan import Metric, ScanResult, _check_metric, _prepare, _row
 
-Estimator = Literal["atp", "atp*", "ig", "atp-softmax"]
-ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax")
+Estimator = Literal["atp", "atp*", "ig", "atp-softmax", "atp*-softmax"]
+ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
 
 
 def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                      method: Method = "zero", reference: Any = None, *, estimator: Estimator = "ig",
                      steps: int = 4, graddrop: bool = True, verify: int = 0, per_position: bool = True,
-                     seed: int = 0, readout_tokens: int = 4) -> ScanResult:
+                     seed: int = 0, readout_tokens: int = 4, qk_layers: int | None = None) -> ScanResult:
     """Estimated ablation drop of every head in ``heads`` (default: all), by ``estimator``.
 
     ``estimator``: ``"atp"`` (one forward + backward), ``"ig"`` (``steps`` path points stacked in one forward +
-    backward), ``"atp*"`` (AtP with the QK fix and GradDrop) or ``"atp-softmax"`` (the readout logits of
+    backward), ``"atp*"`` (AtP with the QK fix and GradDrop), ``"atp-softmax"`` (the readout logits of
     ``readout_tokens`` tokens per row linearised, the metric exact on them: one forward and
-    ``readout_tokens`` backwards per readout row; see the module docstring).  The table has the
+    ``readout_tokens`` backwards per readout row) or ``"atp*-softmax"`` (the same with the QK fix in the
+    linearised logits; see the module docstring).  ``qk_layers=n`` (AtP*, AtP*-softmax): the QK fix recomputes
+    only the first ``n`` attention layers above each head (the others keep their linear term); default all.  The table has the
     same columns as :func:`~gather_aggregate.scan.exact_scan`'s, so
     :func:`~gather_aggregate.scan.compare_rankings` compares them.
 
@@ -101,8 +110,11 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     if not isinstance(readout_tokens, int) or isinstance(readout_tokens, bool) or readout_tokens < 1:
         raise InputError(f"readout_tokens must be a positive int (logits linearised per readout row), "
                          f"got {readout_tokens!r}")
-    if estimator == "atp-softmax" and not isinstance(metric, ReadoutMetric):
-        raise InputError("estimator='atp-softmax' needs a ReadoutMetric (it reads the logits the metric reads); "
+    if qk_layers is not None and (not isinstance(qk_layers, int) or isinstance(qk_layers, bool) or qk_layers < 1):
+        raise InputError(f"qk_layers must be None (every attention layer above a head) or a positive int, "
+                         f"got {qk_layers!r}")
+    if estimator.endswith("-softmax") and not isinstance(metric, ReadoutMetric):
+        raise InputError(f"estimator={estimator!r} needs a ReadoutMetric (it reads the logits the metric reads); "
                          "wrap your metric: ReadoutMetric(fn, positions), or use estimator='atp'")
     tokens, heads = _prepare(model, tokens, heads, metric)
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
@@ -118,9 +130,17 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
             clean = _check_metric(metric(model(tokens)), "clean run")
         est = _estimates(model, by_layer, terms, 1.0 / steps)
         meta["steps"] = steps
-    elif estimator == "atp-softmax":
+    elif estimator.endswith("-softmax"):
         assert isinstance(metric, ReadoutMetric)  # checked above, before any work
-        clean, est = _softmax_fixed(model, tokens, metric, targets, by_layer, readout_tokens)
+        if estimator == "atp-softmax":
+            logits_at, toks, delta, _ = readout_logit_changes(model, tokens, metric, targets, readout_tokens)
+        else:
+            from gather_aggregate.attribution_star import star_softmax
+
+            logits_at, toks, delta, meta["qk_fix_layers"] = star_softmax(model, tokens, metric, clean_z, targets,
+                                                                         by_layer, readout_tokens, qk_layers)
+            meta["qk_layers"] = qk_layers
+        clean, est = _softmax_fixed(metric, logits_at, toks, delta, by_layer)
         meta["readout_tokens"] = readout_tokens
     elif estimator == "atp":
         clean, terms, _ = path_gradients(model, tokens, metric, targets, [0.0])
@@ -128,7 +148,8 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     else:
         from gather_aggregate.attribution_star import atp_star
 
-        clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop)
+        clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop,
+                                    qk_layers=qk_layers)
         meta.update(info)
     meta["metric_clean"] = clean
     rows = [_row(model, layer, h, clean, clean - est[(layer, h)]) for layer, h in heads]
@@ -148,10 +169,9 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
 
 
 
-def _softmax_fixed(model: HookedModel, tokens: Any, metric: ReadoutMetric, targets: dict, by_layer: dict[int, list[int]],
-                   n_tokens: int) -> tuple[float, dict[Head, float]]:
-    """``M(ℓ) - M(ℓ + δℓ_h)`` per head, ``δℓ_h`` the first-order change of the chosen readout logits."""
-    logits_at, toks, delta = readout_logit_changes(model, tokens, metric, targets, n_tokens)
+def _softmax_fixed(metric: ReadoutMetric, logits_at: torch.Tensor, toks: torch.Tensor, delta: dict[int, torch.Tensor],
+                   by_layer: dict[int, list[int]]) -> tuple[float, dict[Head, float]]:
+    """``M(ℓ) - M(ℓ + δℓ_h)`` per head, ``δℓ_h`` the estimated change of the chosen readout logits."""
     with torch.no_grad():
         clean = _check_metric(metric.at_readout(logits_at), "clean run")
         base = logits_at.double()

@@ -135,14 +135,17 @@ def readout_tokens(metric: Any, logits_at: Tensor, n_tokens: int) -> Tensor:
 
 
 def readout_logit_changes(model: HookedModel, tokens: Tensor, metric: Any, targets: dict[int, tuple[Tensor, Tensor]],
-                          n_tokens: int) -> tuple[Tensor, Tensor, dict[int, Tensor]]:
+                          n_tokens: int, extra_hooks: Sequence[tuple[str, Callable]] = (),
+                          extra_inputs: Callable[[], list[Tensor]] | None = None,
+                          ) -> tuple[Tensor, Tensor, dict[int, Tensor], list[list[Tensor | None]]]:
     """First-order change of the readout logits of ``n_tokens`` tokens per row, for every scanned head ablated.
 
     One forward with a zero probe on every scanned layer's head outputs, then one backward per (readout row
     ``j``, token slot ``t``) through the same graph: ``δ_h[b, j, t] = Σ_pos,d (z'_h - z_h) ⊙ ∂ℓ[b, j, tok]/∂z_h``.
     The prompts of a batch do not interact, so the sum over ``b`` of one slot's logits gives every prompt's own
     gradient in one backward.  Returns the clean readout logits ``[batch, k, vocab]``, the tokens
-    ``[batch, k, n]`` and per layer ``δ`` ``[batch, k, n, heads]``.
+    ``[batch, k, n]``, per layer ``δ`` ``[batch, k, n, heads]`` and, per slot ``(j, t)`` in that order, the
+    gradients of that slot's logits at ``extra_inputs()`` (probes hung by ``extra_hooks``).
     """
     probes: dict[int, Tensor] = {}
     steps: dict[int, Tensor] = {}
@@ -156,21 +159,24 @@ def readout_logit_changes(model: HookedModel, tokens: Tensor, metric: Any, targe
 
         return hook
 
-    fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in targets]
+    fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in targets] + list(extra_hooks)
+    extra_grads: list[list[Tensor | None]] = []
     with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
         logits_at = metric.select(model(tokens))  # [batch, k, vocab]
+        extra = extra_inputs() if extra_inputs is not None else []
         toks = readout_tokens(metric, logits_at, n_tokens)  # [batch, k, n]
         chosen = logits_at.gather(-1, toks)  # [batch, k, n]
         layers = list(steps)  # the order probe_terms reads
         delta: dict[int, Tensor] = {}
         slots = [(j, t) for j in range(toks.shape[1]) for t in range(toks.shape[2])]
         for i, (j, t) in enumerate(slots):
-            grads = torch.autograd.grad(chosen[:, j, t].sum(), [probes[layer] for layer in layers],
+            grads = torch.autograd.grad(chosen[:, j, t].sum(), [probes[layer] for layer in layers] + extra,
                                         retain_graph=i < len(slots) - 1, allow_unused=True)
-            for layer, term in probe_terms(steps, probes, grads).items():
+            extra_grads.append(list(grads[len(layers):]))
+            for layer, term in probe_terms(steps, probes, grads[:len(layers)]).items():
                 axis = model.head_hook(layer)[1]
                 if layer not in delta:
                     delta[layer] = term.new_zeros(*toks.shape, term.shape[axis], dtype=torch.float64)
                 term = term.double().movedim(axis, -1)  # [batch, ..., heads]
                 delta[layer][:, j, t] = term.reshape(term.shape[0], -1, term.shape[-1]).sum(1)
-    return logits_at.detach(), toks, delta
+    return logits_at.detach(), toks, delta, extra_grads

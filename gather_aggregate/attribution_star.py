@@ -38,7 +38,7 @@ of the two magnitudes, so a head whose paths cancel is not scored near zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -50,6 +50,7 @@ from gather_aggregate.attribution_paths import (
     add_probe,
     path_gradients,
     probe_terms,
+    readout_logit_changes,
 )
 from gather_aggregate.protocol import Head, HookedModel
 
@@ -97,19 +98,19 @@ def pattern_vjp(model: HookedModel, layer: int, resid: Tensor, grad_a: Tensor) -
     return g
 
 
-def qk_corrections(model: HookedModel, resid: dict[int, Tensor], patterns: dict[int, Tensor], grad_a: dict[int, Tensor],
-                   steps: dict[int, Tensor], by_layer: dict[int, list[int]], max_rows: int = 32) -> dict[Head, float]:
-    """Per scanned head: ``Σ_l ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂M/∂A_l, Δr_h⟩`` over the
-    attention layers above it (the nonlinear part of the direct QK path; added to the estimated metric change)."""
-    out: dict[Head, float] = {}
-    attn_layers = list(grad_a)
-    vjp = {la: pattern_vjp(model, la, resid[la], grad_a[la]) for la in attn_layers
-           if any(la > layer for layer in by_layer)}
+def pattern_changes(model: HookedModel, resid: dict[int, Tensor], patterns: dict[int, Tensor],
+                    steps: dict[int, Tensor], by_layer: dict[int, list[int]], attn_layers: list[int],
+                    max_rows: int = 256, qk_layers: int | None = None) -> Iterator[tuple[int, list[int], int, Tensor, Tensor]]:
+    """``(layer, heads, l, ΔA, Δr)`` for chunks of the scanned heads of ``layer`` and every attention layer ``l``
+    of ``attn_layers`` above it: ``Δr = Δ_h @ W[:, h]ᵀ`` ``[heads, batch, pos, d_model]`` (the direct residual
+    change) and ``ΔA = A_l(r_l + Δr) - A_l(r_l)`` ``[heads, batch, ...pattern]``, each head a stacked copy of
+    the batch (at most ``max_rows`` rows per recomputation).  Heads of a layer without
+    :meth:`~gather_aggregate.protocol.HookedModel.mixer_resume` are skipped.  ``qk_layers=n``: only the first
+    ``n`` attention layers above each head (the approximation that keeps the cost near one attention layer per
+    head: the patterns further up keep their linear term)."""
     for layer, hs in by_layer.items():
         spec = model.mixer_resume(layer)
-        above = [la for la in attn_layers if la > layer]
-        for h in hs:
-            out[(layer, h)] = 0.0
+        above = [la for la in attn_layers if la > layer][:qk_layers]
         if spec is None or not above:
             continue
         w_out = spec[1].detach()
@@ -119,18 +120,31 @@ def qk_corrections(model: HookedModel, resid: dict[int, Tensor], patterns: dict[
         per = max(1, max_rows // batch)
         for start in range(0, len(hs), per):
             chunk = hs[start:start + per]
-            dr = torch.cat([steps[layer].select(axis, h).to(w_out.dtype) @ w_out[:, h * d_head:(h + 1) * d_head].T
-                            for h in chunk])  # [copies * batch, pos, d_model]
+            dr = torch.stack([steps[layer].select(axis, h).to(w_out.dtype) @ w_out[:, h * d_head:(h + 1) * d_head].T
+                              for h in chunk])  # [copies, batch, pos, d_model]
             for la in above:
                 r = resid[la].repeat(len(chunk), 1, 1)
                 dr_ = dr.to(r.dtype)
-                a_new = pattern_from_resid(model, la, r + dr_)
-                a0 = patterns[la].repeat(len(chunk), *([1] * (patterns[la].dim() - 1)))
-                exact = ((a_new - a0).nan_to_num(0.0) * grad_a[la].repeat(len(chunk), 1, 1, 1)).double()
-                lin = (dr_ * vjp[la].repeat(len(chunk), 1, 1)).double()
-                per_copy = exact.reshape(len(chunk), -1).sum(1) - lin.reshape(len(chunk), -1).sum(1)
-                for i, h in enumerate(chunk):
-                    out[(layer, h)] += float(per_copy[i])
+                a_new = pattern_from_resid(model, la, r + dr_.flatten(0, 1))
+                d_a = (a_new.reshape(len(chunk), *patterns[la].shape) - patterns[la][None]).nan_to_num(0.0)
+                yield layer, chunk, la, d_a, dr_
+
+
+def qk_corrections(model: HookedModel, resid: dict[int, Tensor], patterns: dict[int, Tensor], grad_a: dict[int, Tensor],
+                   steps: dict[int, Tensor], by_layer: dict[int, list[int]], max_rows: int = 256,
+                   qk_layers: int | None = None) -> dict[Head, float]:
+    """Per scanned head: ``Σ_l ⟨∂M/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂M/∂A_l, Δr_h⟩`` over the
+    attention layers above it (the nonlinear part of the direct QK path; added to the estimated metric change)."""
+    out: dict[Head, float] = {(layer, h): 0.0 for layer, hs in by_layer.items() for h in hs}
+    attn_layers = list(grad_a)
+    vjp = {la: pattern_vjp(model, la, resid[la], grad_a[la]) for la in attn_layers
+           if any(la > layer for layer in by_layer)}
+    for layer, chunk, la, d_a, dr in pattern_changes(model, resid, patterns, steps, by_layer, attn_layers, max_rows,
+                                                     qk_layers):
+        exact = (d_a * grad_a[la][None]).double().flatten(1).sum(1)
+        lin = (dr * vjp[la][None]).double().flatten(1).sum(1)
+        for i, h in enumerate(chunk):
+            out[(layer, h)] += float(exact[i] - lin[i])
     return out
 
 
@@ -182,7 +196,8 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
 
 
 def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
-             targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True) -> tuple[float, dict[Head, float], dict]:
+             targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True,
+             qk_layers: int | None = None) -> tuple[float, dict[Head, float], dict]:
     """``(metric_clean, estimated drop per head, meta)`` of AtP* (see the module docstring)."""
     attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
             and any(la > layer for layer in by_layer)]
@@ -210,7 +225,7 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
     est = _estimates(model, by_layer, terms)
     steps = {la: (targets[la][0] - clean_z[la]) * targets[la][1] for la in by_layer}
     grad_a = {la: (torch.zeros_like(patterns[la]) if g is None else g) for la, g in zip(attn, g_attn)}
-    fix = qk_corrections(model, resid, patterns, grad_a, steps, by_layer) if attn else {}
+    fix = qk_corrections(model, resid, patterns, grad_a, steps, by_layer, qk_layers=qk_layers) if attn else {}
     star = {hd: v - fix.get(hd, 0.0) for hd, v in est.items()}
     meta: dict[str, Any] = {"qk_fix_layers": attn, "graddrop": graddrop}
     if graddrop and model.n_layers > 1:
@@ -225,3 +240,64 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
         star = {hd: (1.0 if v >= 0 else -1.0) * max(abs(v), mag[hd]) for hd, v in star.items()}
     return clean, star, meta
 
+
+
+def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[int, Tensor],
+                 targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], n_tokens: int,
+                 qk_layers: int | None = None) -> tuple[Tensor, Tensor, dict[int, Tensor], list[int]]:
+    """The QK fix carried into the readout logits (``estimator="atp*-softmax"``).
+
+    For every readout slot ``s`` (row ``j``, token ``t``: the tokens of
+    :func:`~gather_aggregate.attribution_paths.readout_tokens`) the first-order logit change of AtP-softmax,
+    ``δℓ_s(h) = Δ_h · ∂ℓ_s/∂z_h``, gets the same correction AtP* gives the metric, with ``∂ℓ_s/∂A_l`` for
+    ``∂M/∂A_l``:
+
+        δℓ*_s(h) = δℓ_s(h) + Σ_{l > layer(h)} [⟨∂ℓ_s/∂A_l, A_l(r_l + Δr_h) - A_l(r_l)⟩ - ⟨J_{A_l}ᵀ ∂ℓ_s/∂A_l, Δr_h⟩]
+
+    The pattern changes ``ΔA`` are computed once per head and layer and shared by all slots; the gradients at
+    the patterns come from the slots' own backwards (one per slot, as AtP-softmax), the ``J_{A_l}ᵀ`` products
+    from one stacked backward per layer.  Returns the clean readout logits, the tokens, ``δℓ*`` per layer
+    ``[batch, k, n, heads]`` and the QK-fixed layers.  With no attention layer above a head it is AtP-softmax's
+    ``δℓ``; for a metric linear in the logits the metric on ``ℓ + δℓ*`` is AtP* without GradDrop.
+    ``qk_layers=n`` recomputes the first ``n`` attention layers above each head only (:func:`pattern_changes`).
+    """
+    attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
+            and any(la > layer for layer in by_layer)]
+    probes: dict[int, Tensor] = {}
+    resid: dict[int, Tensor] = {}
+    patterns: dict[int, Tensor] = {}
+
+    def pattern_probe(layer: int) -> Callable:
+        def hook(a: Tensor, hook: Any) -> Tensor:
+            patterns[layer] = a.detach()
+            return add_probe(probes, layer, a)
+
+        return hook
+
+    def save_resid(layer: int) -> Callable:
+        def hook(x: Tensor, hook: Any) -> None:
+            resid[layer] = x.detach()
+
+        return hook
+
+    extra = [(f"blocks.{la}.attn.hook_pattern", pattern_probe(la)) for la in attn]
+    extra += [(model.resid_hook(la), save_resid(la)) for la in attn]
+    logits_at, toks, delta, slot_grads = readout_logit_changes(
+        model, tokens, metric, targets, n_tokens, extra_hooks=extra, extra_inputs=lambda: [probes[la] for la in attn])
+    if not attn:
+        return logits_at, toks, delta, attn
+    n_slots, batch = len(slot_grads), tokens.shape[0]
+    # per layer: the slots' gradients at the pattern [slots, batch, ...] and their J_Aᵀ products [slots, batch, pos, d]
+    grad_a = {la: torch.stack([torch.zeros_like(patterns[la]) if g[i] is None else g[i] for g in slot_grads])
+              for i, la in enumerate(attn)}
+    vjp = {la: pattern_vjp(model, la, resid[la].repeat(n_slots, 1, 1), grad_a[la].flatten(0, 1)
+                           ).reshape(n_slots, *resid[la].shape) for la in attn}
+    steps = {la: (targets[la][0] - clean_z[la]) * targets[la][1] for la in by_layer}
+    k, n = toks.shape[1], toks.shape[2]
+    for layer, chunk, la, d_a, dr in pattern_changes(model, resid, patterns, steps, by_layer, attn, qk_layers=qk_layers):
+        exact = torch.einsum("cbx,sbx->cbs", d_a.flatten(2).double(), grad_a[la].flatten(2).double())
+        lin = torch.einsum("cbx,sbx->cbs", dr.flatten(2).double(), vjp[la].flatten(2).double())
+        fix = (exact - lin).reshape(len(chunk), batch, k, n)  # slots in (j, t) order
+        for i, h in enumerate(chunk):
+            delta[layer][..., h] += fix[i]
+    return logits_at, toks, delta, attn

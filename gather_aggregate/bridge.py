@@ -143,11 +143,11 @@ class BridgeModel(ProtocolMixin):
                        for layer in layers[:1]]
             try:
                 yield
-            finally:
+            finally:  # learnt also when the caller stops the forward early by raising from a later hook
                 for h in handles:
                     h.remove()
-            if seen:
-                self._block_returns_tuple = seen[0]
+                if seen:
+                    self._block_returns_tuple = seen[0]
             return
         as_tuple = self._block_returns_tuple
 

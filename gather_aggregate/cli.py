@@ -174,9 +174,9 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
 
 def _scan_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
-    p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig", "atp-softmax"], default="exact",
+    p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig", "atp-softmax", "atp*-softmax"], default="exact",
                    help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients, "
-                        "AtP with the output softmax exact")
+                        "AtP with the output softmax exact, and that with the QK fix carried into the readout logits")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")
     p.add_argument("--workers", type=_int_type("--workers", 1), default=2, help="Ray workers (with --ray)")

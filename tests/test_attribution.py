@@ -185,7 +185,7 @@ def test_wrong_metric_types_and_arguments_are_clear_errors(llama):
         attribution_scan(model, tokens, metric, verify=-1)
 
 
-@pytest.mark.parametrize("mode", ["atp*", "ig", "atp-softmax"])
+@pytest.mark.parametrize("mode", ["atp*", "ig", "atp-softmax", "atp*-softmax"])
 def test_cli_scan_modes_write_the_table(mode, tiny_llama_dir, tmp_path):
     import json
 

@@ -118,6 +118,32 @@ def test_start_at_layer_skips_the_prefix_and_leaves_no_override(llama_model):
     torch.testing.assert_close(llama_model(toks), llama_model(resid, start_at_layer=1))
 
 
+def test_a_resumed_forward_stopped_by_a_hook_still_learns_to_skip_the_prefix(llama_model):
+    """Callers that stop a resumed forward early (AtP*'s pattern recomputation raises from a hook) must not
+    run the blocks below ``start_at_layer`` on every call."""
+    toks = llama_model.to_tokens(TEXTS)
+    resid = llama_model(toks, stop_at_layer=1)
+
+    class Stop(Exception):
+        pass
+
+    def stop(x, hook):
+        raise Stop
+
+    llama_model._block_returns_tuple = None  # as a fresh model
+    calls = []
+    handle = llama_model.module.blocks[0].original_component.self_attn.register_forward_hook(
+        lambda *_: calls.append(1))
+    try:
+        for _ in range(3):
+            with pytest.raises(Stop), llama_model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", stop)]):
+                llama_model(resid, start_at_layer=1)
+    finally:
+        handle.remove()
+    assert calls == [1] and llama_model._block_returns_tuple is not None
+    torch.testing.assert_close(llama_model(toks), llama_model(resid, start_at_layer=1))
+
+
 def test_hooks_removed_after_exception(llama_model):
     before = param_checksum(llama_model)
     toks = llama_model.to_tokens(TEXTS)
