@@ -160,7 +160,7 @@ class _Ctx:
 ROWS_LONG = 4096
 #: Channels per tile and keys per chunk of the row path.  A (tile, chunk, n) block costs four torch calls
 #: whatever its size, and on CPU a call's overhead (µs) outweighs L2 misses: measured best of 64-1024 x
-#: 256-2048 on the 7B-sized layer (docs/benchmarks.md).  Working memory: 24 bytes x channels x chunk.
+#: 256-2048 on the 7B-sized layer (docs/benchmarks.md).  Working memory: 20 bytes x channels x chunk.
 _ROW_CHANNELS = 256
 _ROW_KEYS = 1024
 #: Keys per step of the gather of a chunk's Δ into tile order.
@@ -181,13 +181,13 @@ def rows_per_channel(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tens
     ``acc += C_t[n] B_s[n] · exp(A[d, n] g_d(s))``, over the smallest block of (channel, key) holding every
     live decay of ``n``; dead ones inside the block are floored at ``exp(-87) ≈ 1.6e-38`` as on the other
     paths, those outside it (and every key before the chunk where all have died) get no term: a difference
-    of that size.  Memory: the output plus ``24 · c · chunk`` bytes, whatever L is.
+    of that size.  Memory: the output plus ``20 · c · chunk`` bytes, whatever L is.
     """
     b, L, c = dt.shape
     TC, K = min(c, _ROW_CHANNELS), min(L, _ROW_KEYS)
     n_tiles = -(-c // TC)
     slowest = A.max(1).values  # [c]: each channel's slowest decay rate
-    x_buf, ng_buf, w_buf, acc_buf = (torch.empty(K * c, device=dt.device) for _ in range(4))
+    x_buf, w_buf, acc_buf = (torch.empty(K * c, device=dt.device) for _ in range(3))
     cs_buf = torch.empty(K * c, dtype=torch.float64, device=dt.device)
     e_buf = torch.empty(TC, K, device=dt.device)
     in_tile = torch.arange(TC, device=dt.device)
@@ -220,7 +220,7 @@ def rows_per_channel(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tens
                 cs = cs_buf[:m * k].view(m, k).copy_(w).cumsum_(1)
                 cs.sub_(cs[:, -1:] + carry.index_select(0, pos)[:, None])  # -g_d(s) = -(τ_t - τ_s), s in [s0, s1)
                 carry.index_copy_(0, pos, w[:, 0] - cs[:, 0])
-                ng = ng_buf[:m * k].view(m, k).copy_(cs)
+                ng = x_buf[:m * k].view(m, k).copy_(cs)  # (Δ's gather buffer, free again)
                 acc_all = acc_buf[:m * k].view(m, k)
                 cb = (C[bi, t, :, None] * B[bi, s0:s1].T).unbind(0)  # N x [k]: C_t[n] B_s[n]
                 e_k = e_buf[:, :k]
