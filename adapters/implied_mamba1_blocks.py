@@ -18,8 +18,9 @@ multiply-adds run in matmuls.
 
 **Query rows** (:func:`rows_per_channel`): for one query ``t`` the row is a single reverse pass over the
 keys, ``α_d[t, s] = Σ_n C_t[n] B_s[n] Δ_s[d] exp(A[d, n] (τ_t - τ_s))`` for ``s ≤ t``, done in chunks of
-keys (and channels) so that memory stays O(D·N·chunk) whatever L is; the sum over ``n`` is one batched
-matmul per chunk (``[rows, N] @ [N, keys]`` per channel).
+keys and tiles of channels so that memory stays O(D·chunk) whatever L is; a decay is computed only inside
+the smallest (channel, key) block that holds all of its state index's live decays (exponent ≥ -87), so
+the exps are about the live ones, whatever the decays are (no assumption on ``A``).
 """
 
 from __future__ import annotations
@@ -154,76 +155,117 @@ class _Ctx:
 
 
 #: Prompt length from which query rows take :func:`rows_per_channel` (below it, the tiled path of
-#: :mod:`.implied_mamba1`, which has less per-chunk overhead; measured crossover, see docs/benchmarks.md).
+#: :mod:`.implied_mamba1`, which has less per-chunk overhead; on the 7B-sized layer the two are even at
+#: L = 2048 and this path is 1.35x faster at 4096, see docs/benchmarks.md).
 ROWS_LONG = 4096
-#: Channels per tile and keys per chunk of the row path: a chunk of exps is ``[channels, N, keys]`` (~2 MiB).
-_ROW_CHANNELS = 128
-_ROW_KEYS = 256
+#: Channels per tile and keys per chunk of the row path.  A (tile, chunk, n) block costs four torch calls
+#: whatever its size, and on CPU a call's overhead (µs) outweighs L2 misses: measured best of 64-1024 x
+#: 256-2048 on the 7B-sized layer (docs/benchmarks.md).  Working memory: 20 bytes x channels x chunk.
+_ROW_CHANNELS = 256
+_ROW_KEYS = 1024
+#: Keys per step of the gather of a chunk's Δ into tile order.
+_GATHER_ROWS = 32
 
 
 def rows_per_channel(dt: Tensor, dt_scaling: bool, A: Tensor, B: Tensor, C: Tensor, rows: Tensor,
                      out: Tensor) -> None:
     """Write the query rows ``rows`` ``[batch, R]`` of every channel's α into ``out`` ``[batch, c, R, L]``.
 
-    ``dt`` ``[batch, L, c]``, ``A`` ``[c, N]``, ``B``, ``C`` ``[batch, L, N]``, float32.  For query ``t``
-    and a tile of channels, keys are visited backwards from ``t`` in chunks of :data:`_ROW_KEYS`; the
-    gap ``τ_t - τ_s = Σ_{k=s+1..t} Δ_k`` is a float64 sum carried from chunk to chunk, and the decays of
-    state index ``n`` are computed only while some channel of the tile still has
-    ``A[d, n] (τ_t - τ_s) ≥ -87`` at the chunk's nearest key.  Gaps only grow backwards, so a state
-    index that has died for the tile stays dead, and once all have, the remaining keys are zeros (the
-    other paths floor such decays at ``exp(-87) ≈ 1.6e-38``: a difference of that size).  Channels are
-    tiled in order of how fast they decay, so that a tile dies together.  Memory: the output plus
-    :func:`rows_per_channel_bytes`, whatever L is.
+    ``dt`` ``[batch, L, c]``, ``A`` ``[c, N]``, ``B``, ``C`` ``[batch, L, N]``, float32.  For query ``t``,
+    keys are visited backwards from ``t`` in chunks of :data:`_ROW_KEYS`, channels in tiles of
+    :data:`_ROW_CHANNELS`, ordered by how fast they decay.  A tile's gaps ``g_d(s) = τ_t - τ_s =
+    Σ_{k=s+1..t} Δ_k`` are a float64 cumsum over the chunk plus the sum carried from the chunks before.
+    The decay of ``(d, n)`` is alive while ``A[d, n] g_d(s) ≥ -87``; ``g_d`` only grows backwards, so its
+    live keys are a suffix of the chunk, found by a binary search of ``g_d`` against ``-87 / A[d, n]``.
+    The tile's row is accumulated state index by state index,
+    ``acc += C_t[n] B_s[n] · exp(A[d, n] g_d(s))``, over the smallest block of (channel, key) holding every
+    live decay of ``n``; dead ones inside the block are floored at ``exp(-87) ≈ 1.6e-38`` as on the other
+    paths, those outside it (and every key before the chunk where all have died) get no term: a difference
+    of that size.  Memory: the output plus ``20 · c · chunk`` bytes, whatever L is.
     """
     b, L, c = dt.shape
-    N = A.shape[1]
-    slowest = A.max(1).values.double()  # [c]: each channel's slowest decay rate
-    buf = torch.empty(min(c, _ROW_CHANNELS) * N * _ROW_KEYS, device=dt.device)
+    TC, K = min(c, _ROW_CHANNELS), min(L, _ROW_KEYS)
+    n_tiles = -(-c // TC)
+    slowest = A.max(1).values  # [c]: each channel's slowest decay rate
+    x_buf, w_buf, acc_buf = (torch.empty(K * c, device=dt.device) for _ in range(3))
+    cs_buf = torch.empty(K * c, dtype=torch.float64, device=dt.device)
+    e_buf = torch.empty(TC, K, device=dt.device)
+    in_tile = torch.arange(TC, device=dt.device)
     for bi in range(b):
         rr = [int(x) for x in rows[bi]]
         out[bi].zero_()
         tau_rows = _tau_at(dt[bi], rr)  # [R, c]
         for r, t in enumerate(rr):
-            order = torch.argsort(slowest * tau_rows[r].double())  # fastest-decaying channels first
+            order = torch.argsort(slowest.double() * tau_rows[r].double())  # fastest-decaying channels first
             A_p = A.index_select(0, order)  # [c, N]
-            TC = _ROW_CHANNELS
-            n_tiles = -(-c // TC)
-            carry = torch.zeros(c, 1, dtype=torch.float64, device=dt.device)  # Σ_{k=s1..t} Δ_k per channel
-            alive = [list(range(N)) for _ in range(n_tiles)]
-            first = 0  # tiles before this one are dead (they die in order, fastest first)
-            for s1 in range(t + 1, 0, -_ROW_KEYS):
-                s0, k = max(0, s1 - _ROW_KEYS), min(s1, _ROW_KEYS)
-                while first < n_tiles and not alive[first]:
-                    first += 1
-                if first == n_tiles:
-                    break
-                lo = first * TC
-                d_T = dt[bi, s0:s1].index_select(1, order[lo:]).T  # [c - lo, k]: Δ in tile order
-                cs = torch.empty(c - lo, k, dtype=torch.float64, device=dt.device).copy_(d_T).cumsum_(1)
-                g64 = torch.sub(cs[:, -1:] + carry[lo:], cs, out=cs)  # τ_t - τ_s for s in [s0, s1)
-                carry[lo:] = g64[:, :1] + d_T[:, :1]
-                g = g64.float()
-                near = A_p[lo:] * g[:, -1:]  # [c - lo, N]: each channel's largest exponent per n in the chunk
-                pad = (n_tiles - first) * TC - (c - lo)
-                if pad:
-                    near = torch.cat([near, near.new_full((pad, N), float("-inf"))])
-                near_t = near.view(n_tiles - first, TC, N).amax(1).tolist()
-                for i in range(first, n_tiles):
-                    alive[i] = [n for n in alive[i] if near_t[i - first][n] >= _EXP_FLOOR]
-                    if not alive[i]:
-                        continue  # every decay of the tile is below exp(-87) from here back to key 0
-                    c0, c1 = i * TC, min(c, (i + 1) * TC)
-                    g_t = g[c0 - lo:c1 - lo]
-                    na, tc = len(alive[i]), c1 - c0
-                    A_a = (A_p[c0:c1] if na == N else A_p[c0:c1, alive[i]]).T  # [n_alive, tc]
-                    e = torch.mul(g_t, A_a[:, :, None], out=buf[:na * tc * k].view(na, tc, k))  # [n_alive, tc, k]
-                    if float(A_a.min()) * float(g_t[:, 0].max()) < _EXP_FLOOR:
-                        e.clamp_min_(_EXP_FLOOR)
-                    cb = C[bi, t, alive[i], None] * B[bi, s0:s1, alive[i]].T  # [n_alive, k]: C_t[n] B_s[n]
-                    row = e.exp_().mul_(cb[:, None, :]).sum(0)  # [tc, k]
-                    if dt_scaling:
-                        row *= d_T[c0 - lo:c1 - lo]
-                    out[bi, :, r, s0:s1].index_copy_(0, order[c0:c1], row)
+            negA = (-A_p).T[:, :, None].contiguous()  # [N, c, 1]
+            # the decay of (d, n) is alive while -g_d(s) ≥ -87 / -A[d, n] (never dead if A ≥ 0)
+            bound = torch.where(A_p < 0, _EXP_FLOOR / -A_p.clamp_max(-1e-30), float("-inf"))
+            slow_p = slowest.index_select(0, order).double()
+            carry = torch.zeros(c, dtype=torch.float64, device=dt.device)  # Σ_{k=s1..t} Δ_k per channel
+            for s1 in range(t + 1, 0, -K):
+                s0, k = max(0, s1 - K), min(s1, K)
+                near = slow_p * carry >= _EXP_FLOOR  # [c]: some decay alive at the chunk's last key
+                alive = torch.cat([near, near.new_zeros(n_tiles * TC - c)]).view(n_tiles, TC).any(1)
+                tiles = alive.nonzero()[:, 0]
+                if not len(tiles):
+                    break  # every decay is below exp(-87) from here back to key 0
+                pos = (tiles[:, None] * TC + in_tile).flatten()
+                pos = pos[pos < c]  # the live tiles' channels (positions in ``order``), back to back
+                idx, m = order.index_select(0, pos), len(pos)
+                X = x_buf[:k * m].view(k, m)  # their Δ
+                for q in range(0, k, _GATHER_ROWS):  # a few keys at a time: the rows stay in cache
+                    torch.index_select(dt[bi, s0 + q:s0 + min(k, q + _GATHER_ROWS)], 1, idx, out=X[q:q + _GATHER_ROWS])
+                w = w_buf[:m * k].view(m, k).copy_(X.T)  # Δ_s [m, k]
+                cs = cs_buf[:m * k].view(m, k).copy_(w).cumsum_(1)
+                cs.sub_(cs[:, -1:] + carry.index_select(0, pos)[:, None])  # -g_d(s) = -(τ_t - τ_s), s in [s0, s1)
+                carry.index_copy_(0, pos, w[:, 0] - cs[:, 0])
+                ng = x_buf[:m * k].view(m, k).copy_(cs)  # (Δ's gather buffer, free again)
+                acc_all = acc_buf[:m * k].view(m, k)
+                cb = (C[bi, t, :, None] * B[bi, s0:s1].T).unbind(0)  # N x [k]: C_t[n] B_s[n]
+                e_k = e_buf[:, :k]
+                for ti, blocks in enumerate(_live_blocks(ng, bound.index_select(0, pos), TC)):
+                    j = ti * TC
+                    c0, tc = int(pos[j]), min(TC, m - j)
+                    ng_t, acc = ng[j:j + tc], acc_all[j:j + tc]
+                    if not blocks or blocks[0][1:4] != (0, tc, 0):
+                        acc.zero_()
+                    for i, (n, f, e, ks, low) in enumerate(blocks):
+                        if (f, e, ks) == (0, tc, 0):  # the whole tile: no slicing
+                            x = torch.mul(ng_t, negA[n, c0:c0 + tc], out=e_k[:tc])
+                            if low:
+                                x.clamp_min_(_EXP_FLOOR)
+                            if i:
+                                acc.addcmul_(x.exp_(), cb[n])
+                            else:
+                                torch.mul(x.exp_(), cb[n], out=acc)
+                        else:
+                            x = torch.mul(ng_t[f:e, ks:], negA[n, c0 + f:c0 + e], out=e_k[:e - f, ks:])
+                            if low:
+                                x.clamp_min_(_EXP_FLOOR)
+                            acc[f:e, ks:].addcmul_(x.exp_(), cb[n][ks:])
+                if dt_scaling:
+                    acc_all.mul_(w)
+                out[bi, :, r, s0:s1].index_copy_(0, idx, acc_all)
+
+
+def _live_blocks(ng: Tensor, bound: Tensor, TC: int) -> list[list[tuple[int, int, int, int, bool]]]:
+    """For tiles of ``TC`` channels back to back, their ``-g`` ``[m, k]`` (increasing along keys) and bounds
+    ``-87 / -A`` ``[m, N]``: per tile, ``(n, first, end, key, low)`` for each state index ``n`` alive
+    somewhere in the tile: its live decays lie in the tile's channels ``[first, end)``, keys ``[key, k)``;
+    ``low`` when some decay in that block is dead (exponent below -87)."""
+    (m, k), N = ng.shape, bound.shape[1]
+    fa = torch.searchsorted(ng, bound)  # [m, N]: first live key of each (channel, n)
+    nt = -(-m // TC)
+    fa = torch.cat([fa, fa.new_full((nt * TC - m, N), k)]).view(nt, TC, N)
+    live = fa < k
+    ar = torch.arange(TC, device=ng.device)[None, :, None]
+    first = torch.where(live, ar, TC).amin(1)
+    end = torch.where(live, ar + 1, 0).amax(1)
+    key = torch.where(live, fa, k).amin(1)
+    low = (end - first > live.sum(1)) | (torch.where(live, fa, -1).amax(1) > key)
+    info = torch.stack([first, end, key, low.long()], -1).tolist()  # [nt, N, 4]
+    return [[(n, f, e, ks, bool(lw)) for n, (f, e, ks, lw) in enumerate(tile) if f < e] for tile in info]
 
 
 def _tau_at(dt: Tensor, rows: list[int]) -> Tensor:

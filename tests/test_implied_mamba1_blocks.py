@@ -61,6 +61,7 @@ def small_tiles(monkeypatch):
     (the same for every generated input: nothing else changes them)."""
     monkeypatch.setattr(blocks, "_ROW_CHANNELS", 3)
     monkeypatch.setattr(blocks, "_ROW_KEYS", 7)
+    monkeypatch.setattr(blocks, "_GATHER_ROWS", 2)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -96,6 +97,45 @@ def test_rows_skip_dead_tiles_exactly(small_tiles, monkeypatch):
     assert rel(out, want) <= REL
     assert sum(calls) < 0.5 * 6 * 4 * 200  # most (channel, n, key) decays were never computed
     assert bool((out[0, :, 0, :20] == 0).all())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(L=st.integers(1, 150), d=st.integers(1, 10), n=st.integers(1, 6), seed=st.integers(0, 999),
+       zero_rate=st.booleans())
+def test_rows_with_mixed_decay_rates(small_tiles, L, d, n, seed, zero_rate):
+    """Trained-like A (rates spread over three decades, not sorted across n, some exactly 0: never dead) and Δ
+    mixing fast and slow channels: tiles die in the middle of the channel order, blocks are cut inside a
+    chunk, and the decays left dead inside a block are floored, all as the formula says."""
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.nn.functional.softplus(torch.randn(1, L, d, generator=g)) * torch.exp(torch.randn(d, generator=g) * 2)
+    A = -torch.exp(torch.empty(d, n).uniform_(-3, 3, generator=g))
+    if zero_rate:
+        A[0, -1] = 0.0
+    B, C = torch.randn(1, L, n, generator=g), torch.randn(1, L, n, generator=g)
+    rows = torch.tensor([[L - 1, L // 2]])
+    future = torch.arange(L) > rows[0, :, None]  # [2, L]: keys after the query (the reference's 0 · -inf there)
+    ref = mamba1_implied_reference(dt, A, B, C)[:, :, rows[0]].masked_fill(future, 0.0)
+    mag = mamba1_implied_reference(dt, A, B.abs(), C.abs())[:, :, rows[0]].masked_fill(future, 0.0)
+    out = torch.full((1, d, 2, L), float("nan"))
+    blocks.rows_per_channel(dt, True, A, B, C, rows, out)
+    assert within_fp32(out, ref, mag)
+
+
+def test_rows_cut_dead_keys_inside_a_chunk(monkeypatch):
+    """Within a chunk, the keys where every decay of a state index has died cost no exps: with Δ = 1 and
+    A = -1, exactly the 88 keys with gap ≤ 87 are computed out of 200 (one chunk of 1000 keys)."""
+    monkeypatch.setattr(blocks, "_ROW_KEYS", 1000)
+    dt, A = torch.ones(1, 200, 1), -torch.ones(1, 1)
+    B, C = torch.randn(1, 200, 1), torch.randn(1, 200, 1)
+    calls = []
+    real_exp = torch.Tensor.exp_
+    monkeypatch.setattr(torch.Tensor, "exp_", lambda self: calls.append(self.numel()) or real_exp(self))
+    out = torch.empty(1, 1, 1, 200)
+    blocks.rows_per_channel(dt, True, A, B, C, torch.tensor([[199]]), out)
+    monkeypatch.undo()
+    assert sum(calls) == 88
+    want = mamba1_implied_reference(dt, A, B, C)[:, :, 199:]
+    assert rel(out, want) <= REL and bool((out[0, 0, 0, :112] == 0).all())
 
 
 def test_public_rows_path_for_long_prompts(monkeypatch):
