@@ -5,7 +5,8 @@ For each role (Gather, Aggregate):
 1. **Pattern candidates** (:mod:`gather_aggregate.detect_evidence`): heads whose pattern shows the role in
    chance-relative terms (a Gather head's read row puts at least twice the uniform mass, and at least 0.1, on its
    own segment; an Aggregate head's query row favours the correct segment over every wrong one in at least half
-   the prompts and gives it at least twice the uniform share).  At most ``max_candidates`` per role, strongest
+   the prompts, gives it at least twice the uniform share, and at least twice what it gives the same slot when
+   that slot holds a wrong segment).  At most ``max_candidates`` per role, strongest
    first (the only use of ranking).
 2. **A group, by peeling** (:func:`gather_aggregate.detect_causal.peel`): all candidates are zero-ablated together
    where the role acts (Gather: the segments' tokens; Aggregate: the query position) and heads are dropped one at
