@@ -63,7 +63,7 @@ AGGREGATE_MIN_LIFT = 2.0
 AGGREGATE_MIN_SELECTIVITY = 2.0
 
 
-def _read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
+def read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
     """Per segment ``[b, seg]``: the read position for ``read`` and whether that segment can be read there (real
     segment, position inside it, at least one own token before it)."""
     if read == "summary":
@@ -106,7 +106,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
         uni_corr = seg_len.gather(1, corr[:, None])[:, 0] / (q + 1)
         read_rows, read_ok, own = [], [], []
         for read in reads:
-            r, ok = _read_positions(batch, read)
+            r, ok = read_positions(batch, read)
             read_rows.append(r)
             read_ok.append(ok)
             own.append(in_seg & (key[None, None] < r[..., None]))
