@@ -15,8 +15,10 @@ exists to gather it).
 position (:func:`gather_aggregate.interventions.conv_current_tap_hooks`) and measure the loss as a share of the
 retrieval margin (:class:`gather_aggregate.detect_causal.Prober`).  The baseline is the same intervention at as
 many *other* tokens of the segments (one drawn per segment among its tokens before the read position), repeated
-with ``N_RANDOM`` seeds.  The layer's conv is named a Gather when its loss beats the baseline's median by at least
-``NAME_MIN`` of the margin: the same bar a head group must clear.  It is a Gather *into the read position*, so it
+with ``N_RANDOM`` seeds.  The layer's conv is named a Gather when its loss is at least ``NAME_MIN`` of the margin
+and beats the baseline's median by at least ``NAME_MIN``: the bar a head group must clear.  The baseline is drawn
+only for layers whose own loss reaches ``NAME_MIN`` (one forward per batch for each other layer), so a deep model
+pays ``N_RANDOM`` forwards only where a conv matters.  It is a Gather *into the read position*, so it
 is only tested at the read position the detector uses (``read``).
 """
 
@@ -57,6 +59,10 @@ def conv_gather(model: HookedModel, prober: Prober, read: str, name_min: float, 
     for layer in short_conv_layers(model):
         loss = prober.loss_with(lambda b, layer=layer: conv_current_tap_hooks(model, layer, conv_positions(b, read,
                                                                                                      seed=None)))
+        if loss < name_min:
+            out.append({"layer": layer, "loss": loss, "random": [], "random_median": float("nan"), "named": False,
+                        "why": f"conv lags removed at the read positions: loss {loss:.2f} < {name_min}"})
+            continue
         rand = [prober.loss_with(lambda b, layer=layer, k=k: conv_current_tap_hooks(
             model, layer, conv_positions(b, read, seed=seed * 1000 + k))) for k in range(N_RANDOM)]
         med = statistics.median(rand)

@@ -20,7 +20,8 @@ For each role (Gather, Aggregate):
 
 **A short convolution as the Gather** (:mod:`gather_aggregate.detect_conv`): in every SSM layer with a short
 conv, keeping only the conv's current-token tap at the segments' read positions is compared with the same at as
-many other segment tokens; the layer's conv is named (``gather_conv``) when it beats that baseline by ``NAME_MIN``.
+many other segment tokens; the layer's conv is named (``gather_conv``) when it costs ``NAME_MIN`` and beats that
+baseline by ``NAME_MIN``.
 
 Then **pairs**: a Gather head and a later Aggregate head are paired when path patching
 (:func:`gather_aggregate.detect_causal.path_losses`) shows that restoring only the path from the one into the
