@@ -291,7 +291,7 @@ def conv_current_tap_hooks(model: HookedModel, layer: int, where: Tensor) -> lis
     pre = f"blocks.{layer}.ssm"
     mixer = model.get_submodule(pre)  # type: ignore[attr-defined]
     w_now = mixer.conv_weight[:, 0, -1]
-    bias = mixer.conv_bias
+    bias = getattr(mixer, "conv_bias", None)  # gated DeltaNet's conv has none
     seen: dict[str, Tensor] = {}
 
     def keep_input(x: Tensor, hook: Any) -> None:

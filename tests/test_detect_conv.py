@@ -114,3 +114,37 @@ def test_the_conv_of_the_records_ssm_is_its_gather():
     assert all(rec[la]["loss"] < 0.25 for la in rec if la != 0)
     assert ga.aggregate and all(la == 0 for la, _ in ga.aggregate)
     assert ga.summary()["gather_conv"] == [0]
+
+
+def _family_model(name, tmp_path):
+    from gather_aggregate import load_model
+    from gather_aggregate.adapters import families_testing as ft
+    from gather_aggregate.adapters import hybrid_testing as ht
+    from gather_aggregate.adapters import llamba_testing as lt
+    from gather_aggregate.adapters import load_hybrid
+
+    if name in ("bamba", "jamba", "zamba2"):
+        return load_hybrid(ht.tiny_hf_hybrid(name, seed=0))
+    if name == "llamba":
+        return load_model(lt.tiny_llamba_dir(tmp_path))
+    return load_hybrid(getattr(ft, f"tiny_hf_{name}")(seed=0))
+
+
+@pytest.mark.parametrize("name", ["bamba", "jamba", "zamba2", "granite", "nemotron_h", "falcon_h1", "qwen3_next",
+                                  "llamba"])
+def test_every_family_with_a_short_conv_exposes_it(name, tmp_path):
+    """The hybrids (Falcon-H1's parallel layers, gated DeltaNet's bias-free conv included) and Llamba expose each
+    short conv, and the current-tap hooks act from the edited position on and leave earlier positions as they
+    were (up to float summation order in chunked scans)."""
+    model = _family_model(name, tmp_path)
+    layers = short_conv_layers(model)
+    assert layers
+    tokens = torch.randint(1, 50, (1, 9))
+    where = torch.zeros(1, 9, dtype=torch.bool)
+    where[0, 4] = True
+    with torch.no_grad():
+        clean = model.run_with_hooks(tokens, fwd_hooks=[])
+        for la in layers:
+            diff = (model.run_with_hooks(tokens, fwd_hooks=conv_current_tap_hooks(model, la, where)) - clean).abs()
+            before, at = float(diff[0, :4].max()), float(diff[0, 4].max())
+            assert before < 1e-5 and at > max(1e-6, 10 * before), (la, before, at)
