@@ -147,7 +147,8 @@ def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
             for m, rs in s["cumulative_ablation"].items() for r in rs]
     print("\n".join(_table(["model", "k", *tasks, "heads removed"], rows, set(range(1, len(tasks) + 2)))))
     print("\nG&A heads found: 'alone' (the role's group is that one head) or 'joint' (a group named together, each")
-    print("head needed once the others are removed); '@last-1': segments read one token before their last.")
+    print("head needed once the others are removed); 'L0 conv': layer 0's short convolution is the Gather (no head);")
+    print("'@summary' / '@last-1': segments read at their summary token / one token before their last.")
     rows = []
     for m, g in s["ga_heads"].items():
         q = s["query_row"][m]
@@ -164,5 +165,8 @@ def _named(g: dict[str, Any], role: str) -> str:
     by_ev: dict[str, list[str]] = {}
     for la, h in g[role]:
         by_ev.setdefault(evidence[(la, h)], []).append(f"L{la}H{h}")
-    text = " ".join(f"{' '.join(hs)} ({ev})" for ev, hs in by_ev.items()) or "-"
-    return text + (f" @{g['reading']['gather']}" if role == "gather" and g[role] else "")
+    parts = [f"{' '.join(hs)} ({ev})" for ev, hs in by_ev.items()]
+    if role == "gather":
+        parts += [f"L{la} conv" for la in g.get("gather_conv", [])]
+    text = " ".join(parts) or "-"
+    return text + (f" @{g['reading']['gather']}" if role == "gather" and parts else "")

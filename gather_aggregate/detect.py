@@ -153,7 +153,8 @@ def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor)
 
 #: the per-head numbers behind each decision (JSON ``decisions``, CSV columns, the report's detector table)
 DECISION_COLUMNS = ("layer", "head", "kind", "role", "gather_mass", "gather_lift", "aggregate_on_correct",
-                    "aggregate_wrong", "aggregate_lift", "aggregate_beats_wrong", "gather_alone", "aggregate_alone",
+                    "aggregate_wrong", "aggregate_slot_base", "aggregate_selectivity", "aggregate_lift",
+                    "aggregate_beats_wrong", "gather_alone", "aggregate_alone",
                     "gather_give_back", "aggregate_give_back", "gather_random_median", "aggregate_random_median",
                     "rule")
 
@@ -169,7 +170,9 @@ class GAHeads:
     loss as a share of the retrieval margin (1 = retrieval taken to chance); ``groups`` the whole record per role
     (candidates, peeling steps, random-set losses, verdict); ``pair_loss`` the path-patching numbers.  ``table`` has
     one row per head with its pattern masses, its losses alone and in its group, the random baseline and ``rule``:
-    the sentence that named it or left it out.
+    the sentence that named it or left it out.  ``gather_conv`` lists the SSM layers whose short convolution is
+    itself a Gather (:mod:`gather_aggregate.detect_conv`: no head, so it is not in ``gather`` and has no pairs),
+    ``conv`` the test's record per layer with a short conv.
     """
 
     table: list[dict[str, Any]]
@@ -183,6 +186,8 @@ class GAHeads:
     pair_loss: dict[str, Any] = field(default_factory=dict)
     margin: dict[str, float] = field(default_factory=dict)
     read_why: str = ""
+    gather_conv: list[int] = field(default_factory=list)
+    conv: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The named heads and the evidence, JSON-ready."""
@@ -191,6 +196,7 @@ class GAHeads:
                 "read_why": self.read_why,
                 "evidence": [[*hd, why] for hd, why in self.evidence.items()], "joint_drop": dict(self.joint_drop),
                 "groups": self.groups, "pair_loss": self.pair_loss, "margin": dict(self.margin),
+                "gather_conv": list(self.gather_conv), "conv": self.conv,
                 "decisions": [{k: r.get(k) for k in DECISION_COLUMNS} for r in self.table]}
 
     def __repr__(self) -> str:
@@ -200,7 +206,8 @@ class GAHeads:
             return "[" + ", ".join(f"L{la}H{h} ({self.evidence.get((la, h), 'pattern')})" for la, h in heads) + "]"
 
         cols = len(self.table[0]) if self.table else 0
-        return (f"GAHeads(gather={named('gather')}, aggregate={named('aggregate')}, "
+        conv = f"gather_conv=[{', '.join(f'L{la} conv' for la in self.gather_conv)}], " if self.gather_conv else ""
+        return (f"GAHeads(gather={named('gather')}, {conv}aggregate={named('aggregate')}, "
                 f"pairs=[{', '.join(f'L{g[0]}H{g[1]}->L{a[0]}H{a[1]}' for g, a in self.pairs)}], "
                 f"reading={self.reading.get('gather')}/{self.reading.get('aggregate')}, "
                 f"table={len(self.table)} heads x {cols} columns (see .table))")
@@ -304,4 +311,5 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     return GAHeads(table, list(res["gather"]), list(res["aggregate"]), list(res["pairs"]),
                    reading={"gather": res["read"], "aggregate": "segment"}, evidence=evidence, joint_drop=joint,
                    groups=res["groups"], pair_loss=res["pair_loss"],
-                   margin={k: res[k] for k in ("clean", "chance", "margin")}, read_why=res["read_why"])
+                   margin={k: res[k] for k in ("clean", "chance", "margin")}, read_why=res["read_why"],
+                   gather_conv=list(res.get("gather_conv", [])), conv=list(res.get("conv", [])))

@@ -151,6 +151,18 @@ class Prober:
             parts.append(self._logprob(b, logits)[0])
         return self._mean(parts), captured
 
+    def loss_with(self, make_hooks: Any) -> float:
+        """Share of the retrieval margin lost under the hooks ``make_hooks(batch)`` returns for each batch of
+        prompts (any intervention that is not a head ablation, e.g. one on a short convolution)."""
+        parts = []
+        for b in self.batches:
+            with torch.no_grad():
+                logits = self.model.run_with_hooks(b.tokens, fwd_hooks=make_hooks(b))
+            self.n_forwards += 1
+            self.n_passes += 1
+            parts.append(self._logprob(b, logits)[0])
+        return (self.clean - self._mean(parts)) / self.margin
+
     def loss(self, heads: Sequence[Head], where: str) -> float:
         """Share of the retrieval margin lost when ``heads`` are zero-ablated at ``where``."""
         return self.losses([(heads, where)])[0]

@@ -24,7 +24,12 @@ by its pattern (``gather_excl_prev@`` reports the mass without that token, for t
 its tokens), with ``aggregate_wrong`` the largest mass it puts on one wrong segment (per prompt, averaged),
 ``aggregate_uniform`` the uniform row's share of the correct segment, ``aggregate_lift`` = mass / uniform and
 ``aggregate_beats_wrong`` the share of prompts whose correct segment gets more of the row than every wrong one
-(chance: 1 / number of segments).
+(chance: 1 / number of segments).  ``aggregate_slot_base`` is what the same row gives the correct segment's *slot*
+(its index among the segments) in the prompts where that slot holds a wrong segment, averaged over the prompts
+like ``aggregate_on_correct``; ``aggregate_selectivity`` = on_correct / slot_base says how much more a segment gets
+*because it is the correct one*, with its position held fixed (1 = no preference).  A head fixed on a position
+(previous-token, recency, a sink) scores 1 whatever its hit rate in a small prompt sample, while an SSM's smooth
+Aggregate row, whose decaying tail gives nearby wrong segments a good share, still scores well above 1.
 
 (Row keys: ``gather@READ``, ``gather_uniform@READ``, ``gather_excl_prev@READ`` per read position; the detector
 copies the chosen read's values to ``gather_mass`` and ``gather_lift``.)
@@ -49,15 +54,16 @@ READ_CHOICES = (*READS, "auto")
 GATHER_MIN_LIFT = 2.0
 GATHER_MIN_MASS = 0.1
 #: ... an Aggregate pattern candidate when its query row gives the correct segment more than any wrong segment in
-#: at least half the prompts (chance: 1 / segments), at least twice the uniform row's share, and on average at
-#: least twice what it gives the best wrong segment (a head fixed on one position, e.g. a previous-token head
-#: landing on the last segment, hits whenever that segment is the right one, but gives wrong ones as much)
+#: at least half the prompts (chance: 1 / segments), at least twice the uniform row's share, and at least twice
+#: what it gives the same slot when that slot holds a wrong segment (``aggregate_selectivity``: a head fixed on one
+#: position, e.g. a previous-token head landing on the last segment, hits whenever that segment is the right one,
+#: but gives the slot as much when it is wrong, so it scores 1)
 AGGREGATE_MIN_HIT = 0.5
 AGGREGATE_MIN_LIFT = 2.0
-AGGREGATE_MIN_CONTRAST = 2.0
+AGGREGATE_MIN_SELECTIVITY = 2.0
 
 
-def _read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
+def read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
     """Per segment ``[b, seg]``: the read position for ``read`` and whether that segment can be read there (real
     segment, position inside it, at least one own token before it)."""
     if read == "summary":
@@ -84,6 +90,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                          "a retrieval task with segments (KV-retrieval, multiple choice), not a plain query")
     sums: dict[tuple[int, str], Tensor] = {}
     counts: dict[str, float] = {}
+    slots: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}  # layer -> per batch (on_seg, correct, wrong mask)
     max_off = 4
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
@@ -99,7 +106,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
         uni_corr = seg_len.gather(1, corr[:, None])[:, 0] / (q + 1)
         read_rows, read_ok, own = [], [], []
         for read in reads:
-            r, ok = _read_positions(batch, read)
+            r, ok = read_positions(batch, read)
             read_rows.append(r)
             read_ok.append(ok)
             own.append(in_seg & (key[None, None] < r[..., None]))
@@ -127,6 +134,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
             on_corr = on_seg.gather(2, corr[:, None, None].expand(-1, H, 1))[..., 0]
             wrong = on_seg.masked_fill(~other[:, None], -1.0).max(-1).values.clamp_min(0)
             hasf = has[:, None].float()
+            slots.setdefault(info.index, []).append((on_seg[has].cpu(), corr[has].cpu(), other[has].cpu()))
             acc["aggregate"] = (on_corr * hasf).sum(0)
             acc["aggregate_wrong"] = (wrong * hasf).sum(0)
             acc["aggregate_uniform"] = (uni_corr[:, None].expand(-1, H) * hasf).sum(0)
@@ -140,6 +148,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                 acc[f"profile{off}"] = (m * valid[:, None]).sum(0)
             for name, v in acc.items():
                 sums[(info.index, name)] = sums.get((info.index, name), 0) + v
+    slot_base = {layer: _slot_base(data) for layer, data in slots.items()}
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for info in model.layers:
         for h in range(info.n_heads):
@@ -156,15 +165,36 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                               ("aggregate_uniform", "aggregate_uniform"), ("aggregate_hit", "aggregate_beats_wrong")):
                 row[col] = float(sums[(info.index, name)][h]) / n
             row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
+            row["aggregate_slot_base"] = float(slot_base[info.index][h])
+            row["aggregate_selectivity"] = row["aggregate_on_correct"] / max(row["aggregate_slot_base"], 1e-12)
             row["read_profile"] = [float(sums[(info.index, f"profile{o}")][h]) / n for o in range(max_off)]
             out[(info.index, h)] = row
     return {"heads": out, "reads": list(reads)}
 
 
+def _slot_base(data: list[tuple[Tensor, Tensor, Tensor]]) -> Tensor:
+    """Per head ``[h]``: the mean over prompts of what the query row gives the correct segment's slot in the
+    prompts where that slot holds a wrong segment (``aggregate_slot_base``).  ``data`` holds per batch the query
+    row's mass per segment ``[b, h, seg]``, the correct index ``[b]`` and the wrong-segment mask ``[b, seg]``.  A
+    prompt whose correct slot is never wrong elsewhere (a one-prompt sample) falls back to that prompt's own mean
+    wrong segment."""
+    n_seg = max(m.shape[-1] for m, _, _ in data)
+    on = torch.cat([torch.nn.functional.pad(m, (0, n_seg - m.shape[-1])) for m, _, _ in data])  # [B, h, seg]
+    corr = torch.cat([c for _, c, _ in data])  # [B]
+    wrong = torch.cat([torch.nn.functional.pad(w, (0, n_seg - w.shape[-1])) for _, _, w in data]).float()
+    if on.shape[0] == 0:
+        return torch.zeros(on.shape[1])
+    per_slot = (on * wrong[:, None]).sum(0) / wrong.sum(0).clamp_min(1)  # [h, seg]
+    seen = wrong.sum(0) > 0  # [seg]
+    own_mean = (on * wrong[:, None]).sum(-1) / wrong.sum(-1, keepdim=True).clamp_min(1)  # [B, h]
+    base = torch.where(seen[corr][:, None], per_slot[:, corr].T, own_mean)  # [B, h]
+    return base.mean(0)
+
+
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
     """Aggregate pattern candidate (thresholds: module constants, meaning in the module docstring)."""
     return (row["aggregate_beats_wrong"] >= AGGREGATE_MIN_HIT and row["aggregate_lift"] >= AGGREGATE_MIN_LIFT
-            and row["aggregate_on_correct"] >= AGGREGATE_MIN_CONTRAST * row["aggregate_wrong"])
+            and row["aggregate_selectivity"] >= AGGREGATE_MIN_SELECTIVITY)
 
 
 def gather_values(row: dict[str, Any], read: str) -> tuple[float, float]:

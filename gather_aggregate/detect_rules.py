@@ -5,7 +5,8 @@ For each role (Gather, Aggregate):
 1. **Pattern candidates** (:mod:`gather_aggregate.detect_evidence`): heads whose pattern shows the role in
    chance-relative terms (a Gather head's read row puts at least twice the uniform mass, and at least 0.1, on its
    own segment; an Aggregate head's query row favours the correct segment over every wrong one in at least half
-   the prompts and gives it at least twice the uniform share).  At most ``max_candidates`` per role, strongest
+   the prompts, gives it at least twice the uniform share, and at least twice what it gives the same slot when
+   that slot holds a wrong segment).  At most ``max_candidates`` per role, strongest
    first (the only use of ranking).
 2. **A group, by peeling** (:func:`gather_aggregate.detect_causal.peel`): all candidates are zero-ablated together
    where the role acts (Gather: the segments' tokens; Aggregate: the query position) and heads are dropped one at
@@ -16,6 +17,11 @@ For each role (Gather, Aggregate):
    retrieval margin: removing it takes away a quarter of what the model retrieves above chance more than removing
    as many ordinary heads does.  Heads that alone cost ``NAME_MIN`` where the role acts are left out of the random
    pool (they are reported): a head that moves the query key is not an ordinary head.
+
+**A short convolution as the Gather** (:mod:`gather_aggregate.detect_conv`): in every SSM layer with a short
+conv, keeping only the conv's current-token tap at the segments' read positions is compared with the same at as
+many other segment tokens; the layer's conv is named (``gather_conv``) when it costs ``NAME_MIN`` and beats that
+baseline by ``NAME_MIN``.
 
 Then **pairs**: a Gather head and a later Aggregate head are paired when path patching
 (:func:`gather_aggregate.detect_causal.path_losses`) shows that restoring only the path from the one into the
@@ -32,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gather_aggregate.detect_causal import KEEP_MIN, N_RANDOM, Prober, path_losses, peel, random_losses
+from gather_aggregate.detect_conv import conv_gather
 from gather_aggregate.detect_evidence import (
     READ_CHOICES,
     READS,
@@ -72,6 +79,7 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
         r["aggregate_candidate"] = is_aggregate_candidate(r)
     result: dict[str, Any] = {"read": read_used, "read_why": why, "clean": prober.clean, "chance": prober.chance,
                               "margin": prober.margin, "gather": [], "aggregate": [], "pairs": [], "groups": {},
+                              "conv": [], "gather_conv": [],
                               "pair_loss": {}, "thresholds": {"keep_min": KEEP_MIN, "name_min": NAME_MIN,
                                                               "pair_min": PAIR_MIN, "n_random": N_RANDOM,
                                                               "min_margin": MIN_MARGIN}}
@@ -120,6 +128,8 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
         else:
             g["why"] = "no candidate survives peeling" if cands[role] else "no pattern candidate"
         result[role] = list(g["group"]) if g["named"] else []
+    result["conv"] = conv_gather(model, prober, read_used, NAME_MIN, seed=seed)
+    result["gather_conv"] = [c["layer"] for c in result["conv"] if c["named"]]
     full, pair_give = path_losses(prober, result["gather"], result["aggregate"])
     result["pair_loss"] = {"routed": full, "pairs": {f"{g}->{a}": v for (g, a), v in pair_give.items()}}
     result["pairs"] = [(g, a) for (g, a), v in pair_give.items() if v >= PAIR_MIN]

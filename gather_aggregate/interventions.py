@@ -266,3 +266,40 @@ def edit_hook(axis: int, batch: int, edits: Sequence[Edit], fill: Callable[[Edit
         return z
 
     return hook
+
+
+def short_conv_layers(model: HookedModel) -> list[int]:
+    """Layers whose SSM mixer has a depthwise causal convolution exposed as ``blocks.L.ssm`` with
+    ``conv_weight`` ``[ch, 1, k]`` and the hooks ``hook_conv_in`` / ``hook_conv_out`` (Mamba-1, Mamba-2 and the
+    hybrids' SSM layers built by :mod:`gather_aggregate.adapters`)."""
+    names = getattr(model, "hook_dict", {})
+    out = []
+    for info in model.layers:
+        pre = f"blocks.{info.index}.ssm"
+        if f"{pre}.hook_conv_in" in names and f"{pre}.hook_conv_out" in names:
+            mixer = model.get_submodule(pre) if hasattr(model, "get_submodule") else None
+            if mixer is not None and getattr(mixer, "conv_weight", None) is not None:
+                out.append(info.index)
+    return out
+
+
+def conv_current_tap_hooks(model: HookedModel, layer: int, where: Tensor) -> list[tuple[str, Callable]]:
+    """Hooks that keep only the current token's tap of layer ``layer``'s short convolution at the positions
+    ``where`` (``[batch, pos]`` bool): there ``conv(x)[t] = b + w[k-1] x[t]`` instead of
+    ``b + Σ_j w[k-1-j] x[t-j]``, so the conv brings nothing from the ``k - 1`` tokens before ``t``.  Elsewhere the
+    layer is untouched.  (HF's ``conv1d`` weight ``[ch, 1, k]`` applies its last tap to the current token.)"""
+    pre = f"blocks.{layer}.ssm"
+    mixer = model.get_submodule(pre)  # type: ignore[attr-defined]
+    w_now = mixer.conv_weight[:, 0, -1]
+    bias = getattr(mixer, "conv_bias", None)  # gated DeltaNet's conv has none
+    seen: dict[str, Tensor] = {}
+
+    def keep_input(x: Tensor, hook: Any) -> None:
+        seen["x"] = x
+
+    def current_tap(y: Tensor, hook: Any) -> Tensor:
+        now = seen.pop("x").to(w_now.dtype) * w_now + (bias if bias is not None else 0.0)
+        m = where[:, : y.shape[1], None].to(y.device)
+        return torch.where(m, now.to(y.dtype), y)
+
+    return [(f"{pre}.hook_conv_in", keep_input), (f"{pre}.hook_conv_out", current_tap)]

@@ -86,7 +86,11 @@ def _detect_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]
                title=f"{model}: Gather / Aggregate scores",
                caption=f"From {rel}. Boxes #1-#3: the three highest scores of each panel; grey cells: heads "
                        "the layer does not have."),
-        KeyValues({"Gather heads": named("gather"), "Aggregate heads": named("aggregate"),
+        KeyValues({"Gather heads": named("gather"),
+                   "Gather by a short convolution": ", ".join(
+                       f"layer {c['layer']} (loss {_fmt(c['loss'])} vs {_fmt(c['random_median'])} at other tokens)"
+                       for c in meta.get("conv", []) if c.get("named")) or "none",
+                   "Aggregate heads": named("aggregate"),
                    "G→A pairs": ", ".join(f"{head_name(g)} → {head_name(a)}" for g, a in meta.get("pairs", []))
                    or "none",
                    "read at": f"{reading.get('gather')} / {reading.get('aggregate')}",

@@ -154,7 +154,8 @@ def run_detect(args: argparse.Namespace) -> int:
         scan = exact_scan(model, tokens, metric, out=scan_file, progress=_progress(args))
     ga = find_ga_heads(model, examples, scan, reading=args.reading)
     write_table(ga.table, out / "detect.json", {**ga.summary(), "model_name": args.model, "task_name": args.task})
-    print(f"Gather heads: {ga.gather}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
+    conv = f"  Gather by short conv: layers {ga.gather_conv}" if ga.gather_conv else ""
+    print(f"Gather heads: {ga.gather}{conv}  Aggregate heads: {ga.aggregate}  pairs: {ga.pairs} -> {out}/detect.json")
     print(f"read by: {ga.reading['gather']} / {ga.reading['aggregate']}; evidence: "
           + (", ".join(f"L{la}H{h} {ev}" for (la, h), ev in ga.evidence.items()) or "none"))
     print(f"segments read at: {ga.reading['gather']} ({ga.read_why}); retrieval margin "

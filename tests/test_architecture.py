@@ -26,7 +26,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                      "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
     "interventions": ("interventions", "layer_resume", "distributed"),
     "analysis": ("scan", "patching", "attribution_paths", "attribution_star", "attribution", "detect",
-                 "detect_evidence", "detect_causal", "detect_rules", "experiments", "claims", "hybridise.choose",
+                 "detect_evidence", "detect_causal", "detect_conv", "detect_rules", "experiments", "claims", "hybridise.choose",
                  "hybridise.distill", "hybridise.graft"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "demo_report", "demo_hybrids",
                    "training",

@@ -42,6 +42,8 @@ def test_detect_and_ablate_and_pattern(results):
     assert det["meta"]["reading"] == {"gather": "summary", "aggregate": "segment"}  # --reading summary
     assert all(r["evidence"] in ("alone", "joint") for r in det["rows"] if r["role"])
     assert all(r["rule"] for r in det["rows"])  # every decision explained
+    assert "aggregate_selectivity" in det["rows"][0]
+    assert det["meta"]["gather_conv"] == [] and det["meta"]["conv"] == []  # a transformer has no short conv
     abl = json.loads((results / "ablate" / "ablate.json").read_text())
     assert abl["heads"] == [[1, 0], [1, 2]] and "kv" in abl["clean"] and "kv" in abl["ablated"]
     pat = json.loads((results / "pattern" / "pattern.json").read_text())

@@ -1,0 +1,150 @@
+"""Issue 19: the Gather role carried by an SSM layer's short convolution (``detect_conv``), and the
+position-controlled Aggregate contrast (``aggregate_selectivity``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gather_aggregate.adapters import load_ssm
+from gather_aggregate.adapters.testing import tiny_hf_ssm
+from gather_aggregate.detect_evidence import _slot_base
+from gather_aggregate.interventions import conv_current_tap_hooks, short_conv_layers
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2"])
+def test_current_tap_hooks_equal_a_conv_without_its_lagged_taps_where_asked(model_type):
+    """At the masked positions the conv output is ``b + w[k-1] x[t]`` (checked against F.conv1d with the lagged
+    taps zeroed); elsewhere it is the clean conv's; the weights are untouched and no hook outlives the call."""
+    torch.manual_seed(0)
+    model = load_ssm(tiny_hf_ssm(model_type, seed=3))
+    assert short_conv_layers(model) == [info.index for info in model.layers]
+    tokens = torch.randint(1, 50, (2, 11))
+    where = torch.rand(2, 11) < 0.4
+    mixer = model.get_submodule("blocks.1.ssm")
+    w0 = mixer.conv_weight.detach().clone()
+    got: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        _, clean = model.run_with_cache(tokens, names_filter=lambda n: n.startswith("blocks.1.ssm.hook_conv"))
+        hooks = conv_current_tap_hooks(model, 1, where)
+        hooks.append(("blocks.1.ssm.hook_conv_out", lambda y, hook: got.setdefault("y", y.clone())))
+        model.run_with_hooks(tokens, fwd_hooks=hooks)
+    x = clean["blocks.1.ssm.hook_conv_in"]
+    k = w0.shape[-1]
+    w_now = torch.zeros_like(w0)
+    w_now[..., -1] = w0[..., -1]
+    now = F.conv1d(x.transpose(1, 2), w_now, mixer.conv_bias, padding=k - 1, groups=x.shape[-1])[..., :11]
+    want = torch.where(where[..., None], now.transpose(1, 2), clean["blocks.1.ssm.hook_conv_out"])
+    torch.testing.assert_close(got["y"], want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(mixer.conv_weight, w0)
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_models_without_a_short_conv_have_no_conv_layers():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from planted_circuit import build
+    from planted_matrix import world
+
+    w, tok = world()
+    model, _, _ = build(tok, w.kv_values, heads_per_layer=4, n_gather=1, n_agg=1, keymover=False, read="delim",
+                        depth=2, kind="ssm", seed=0)
+    assert short_conv_layers(model) == []
+
+
+def _slot_rows(per_prompt, correct, n_seg):
+    on = torch.tensor(per_prompt, dtype=torch.float32)[:, None, :]  # [B, 1 head, seg]
+    corr = torch.tensor(correct)
+    wrong = torch.ones(len(correct), n_seg, dtype=torch.bool)
+    wrong[torch.arange(len(correct)), corr] = False
+    return on, corr, wrong
+
+
+def test_a_head_fixed_on_a_slot_has_selectivity_one_whatever_its_hit_rate():
+    """A head that always reads the last segment hits whenever the last segment is correct (here in 4 of 8
+    prompts, a hit rate of 0.5), but gives that slot as much when it is wrong: selectivity 1."""
+    correct = [4, 4, 4, 4, 0, 1, 2, 3]
+    on, corr, wrong = _slot_rows([[0.0, 0.0, 0.0, 0.0, 1.0]] * 8, correct, 5)
+    base = float(_slot_base([(on, corr, wrong)])[0])
+    on_correct = float(on[torch.arange(8), 0, corr].mean())
+    assert on_correct == pytest.approx(0.5)
+    assert on_correct / base == pytest.approx(1.0)
+
+
+def test_a_smooth_row_that_favours_the_correct_segment_is_selective():
+    """A recency-decaying row (nearer segments get more) plus a bump on the correct segment: its best wrong
+    segment often gets more than half of what the correct one gets (the old 2x-best-wrong contrast fails), but
+    the same slot gets far less when it is wrong."""
+    decay = torch.tensor([0.02, 0.04, 0.08, 0.16, 0.3])
+    rows, correct = [], []
+    for b in range(10):
+        c = b % 5
+        r = decay.clone()
+        r[c] += 0.25
+        rows.append(r.tolist())
+        correct.append(c)
+    on, corr, wrong = _slot_rows(rows, correct, 5)
+    base = float(_slot_base([(on, corr, wrong)])[0])
+    on_correct = float(on[torch.arange(10), 0, corr].mean())
+    best_wrong = float(on[..., 0, :].masked_fill(~wrong, -1).max(-1).values.mean())
+    assert on_correct < 2 * best_wrong  # the previous contrast would reject it
+    assert on_correct / base >= 2.0
+
+
+def test_the_conv_of_the_records_ssm_is_its_gather():
+    """``records-mamba2`` (a fixture never used by the zoo): its Aggregate heads sit in layer 0, so no head can
+    gather before them; layer 0's short conv is named as the Gather, and no other layer's conv is."""
+    sys.path.insert(0, str(FIXTURES))
+    from records import RecordsRetrieval
+
+    from gather_aggregate import load_model
+    from gather_aggregate.detect import find_ga_heads
+
+    d = FIXTURES / "models" / "records-mamba2"
+    model = load_model(d)
+    ga = find_ga_heads(model, RecordsRetrieval.for_model(d).examples(model.tokenizer, n=8, seed=0))
+    assert ga.gather_conv == [0]
+    rec = {c["layer"]: c for c in ga.conv}
+    assert rec[0]["loss"] - rec[0]["random_median"] >= 0.25
+    assert all(rec[la]["loss"] < 0.25 for la in rec if la != 0)
+    assert ga.aggregate and all(la == 0 for la, _ in ga.aggregate)
+    assert ga.summary()["gather_conv"] == [0]
+
+
+def _family_model(name, tmp_path):
+    from gather_aggregate import load_model
+    from gather_aggregate.adapters import families_testing as ft
+    from gather_aggregate.adapters import hybrid_testing as ht
+    from gather_aggregate.adapters import llamba_testing as lt
+    from gather_aggregate.adapters import load_hybrid
+
+    if name in ("bamba", "jamba", "zamba2"):
+        return load_hybrid(ht.tiny_hf_hybrid(name, seed=0))
+    if name == "llamba":
+        return load_model(lt.tiny_llamba_dir(tmp_path))
+    return load_hybrid(getattr(ft, f"tiny_hf_{name}")(seed=0))
+
+
+@pytest.mark.parametrize("name", ["bamba", "jamba", "zamba2", "granite", "nemotron_h", "falcon_h1", "qwen3_next",
+                                  "llamba"])
+def test_every_family_with_a_short_conv_exposes_it(name, tmp_path):
+    """The hybrids (Falcon-H1's parallel layers, gated DeltaNet's bias-free conv included) and Llamba expose each
+    short conv, and the current-tap hooks act from the edited position on and leave earlier positions as they
+    were (up to float summation order in chunked scans)."""
+    model = _family_model(name, tmp_path)
+    layers = short_conv_layers(model)
+    assert layers
+    tokens = torch.randint(1, 50, (1, 9))
+    where = torch.zeros(1, 9, dtype=torch.bool)
+    where[0, 4] = True
+    with torch.no_grad():
+        clean = model.run_with_hooks(tokens, fwd_hooks=[])
+        for la in layers:
+            diff = (model.run_with_hooks(tokens, fwd_hooks=conv_current_tap_hooks(model, la, where)) - clean).abs()
+            before, at = float(diff[0, :4].max()), float(diff[0, 4].max())
+            assert before < 1e-5 and at > max(1e-6, 10 * before), (la, before, at)
