@@ -235,10 +235,10 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _named_heads(an: Mapping[str, Any]) -> list[str]:
-    """One model's detector row: Gather heads (and any SSM layer whose short convolution is the Gather), Aggregate
-    heads (each ``[layer, head] evidence``), where segments were read, each role's group loss (a share of the
-    retrieval margin) and the pairs; ``– (at chance)`` where the model does not retrieve (its margin is under the
-    detector's ``MIN_MARGIN``, so nothing was tested)."""
+    """One model's detector row: Gather heads (and any SSM layer whose short convolution is the Gather, with its loss
+    against the median at other segment tokens), Aggregate heads (each ``[layer, head] evidence``), where segments
+    were read, each role's group loss (a share of the retrieval margin) and the pairs; ``– (at chance)`` where the
+    model does not retrieve (its margin is under the detector's ``MIN_MARGIN``, so nothing was tested)."""
     from gather_aggregate.detect_rules import MIN_MARGIN
 
     evidence = {(la, h): ev for la, h, ev in an["evidence"]}
@@ -247,7 +247,9 @@ def _named_heads(an: Mapping[str, Any]) -> list[str]:
         return ", ".join(f"{list(hd)} {evidence[tuple(hd)]}" for hd in an[role]) or "–"
 
     gather = heads("gather")
-    convs = [f"conv L{la}" for la in an.get("gather_conv", [])]
+    record = {c["layer"]: c for c in an.get("conv", [])}
+    convs = [f"conv L{la}" + (f" ({record[la]['loss']:.2f} vs {record[la]['random_median']:.2f})" if la in record
+                               else "") for la in an.get("gather_conv", [])]
     if convs:
         gather = ", ".join(([] if gather == "–" else [gather]) + convs)
     joint = ", ".join(f"{role} {d:.2f}" for role, d in an["joint_drop"].items()) or "–"
@@ -277,7 +279,8 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
                 f"**The G&A detector on {task}** (`find_ga_heads`, the chance-relative rule of `detect_rules.py`): "
                 "each named head with its evidence (`alone`: its role's group is that one head; `joint`: one of a "
                 "group named together), `conv L<i>` where an SSM layer's short convolution is the Gather "
-                "(`detect_conv.py`), where segments were read, each role's group loss as a share of the retrieval "
+                "(`detect_conv.py`; its loss with the lagged taps removed at the read positions vs the median at other "
+                "segment tokens), where segments were read, each role's group loss as a share of the retrieval "
                 "margin (1 = chance), and the G→A pairs", ""]
         out.append(_md_table(["model", "Gather", "Aggregate heads", "read by", "group loss", "G→A pairs"],
                              [[m, *_named_heads(by[m])] for m in names if "evidence" in by[m]]))

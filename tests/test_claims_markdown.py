@@ -15,9 +15,11 @@ def _summary(**kw):
 
 def test_conv_gather_is_listed_beside_the_gather_heads():
     an = _summary(aggregate=[[0, 1], [0, 0]], evidence=[[0, 1, "joint"], [0, 0, "joint"]],
-                  joint_drop={"aggregate": 1.23}, gather_conv=[0])
+                  joint_drop={"aggregate": 1.23}, gather_conv=[0],
+                  conv=[{"layer": 0, "loss": 1.686, "random_median": 0.001}, {"layer": 1, "loss": 0.0,
+                                                                             "random_median": 0.0}])
     gather, aggregate, read, loss, pairs = _named_heads(an)
-    assert gather == "conv L0"
+    assert gather == "conv L0 (1.69 vs 0.00)"
     assert aggregate == "[0, 1] joint, [0, 0] joint"
     assert read == "summary / segment" and loss == "aggregate 1.23" and pairs == "–"
     an = _summary(gather=[[0, 2]], evidence=[[0, 2, "alone"]], gather_conv=[1])
