@@ -72,7 +72,8 @@ def ablated_accuracies(model: HookedModel, heads: Sequence[Head], sets: Mapping[
 def candidate_sets(ga: Any, z: float = 1.5, max_k: int = 2) -> list[tuple[str, list[Head]]]:
     """Head sets of size <= ``max_k`` named by the G&A evidence alone, each with the rule that chose it.
 
-    * ``detector``: heads whose pattern score *and* scan drop both stand out (z >= ``z``), in the detector's order;
+    * ``detector``: the heads :func:`~gather_aggregate.detect.find_ga_heads` names (Aggregate heads first, then
+      Gather heads; a convolution named as the Gather is no head and is not ablated here);
     * ``aggregate scores`` / ``gather scores``: the heads with the highest Aggregate / Gather pattern z-scores
       (>= ``z``), which is how the paper names its G&A heads; redundant Aggregate heads can each have a small
       single-head ablation effect and only matter together;
@@ -234,17 +235,29 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _named_heads(an: Mapping[str, Any]) -> list[str]:
-    """One model's detector row: Gather heads, Aggregate heads (each ``[layer, head] evidence``), the scores read,
-    the joint drops and the pairs."""
+    """One model's detector row: Gather heads (and any SSM layer whose short convolution is the Gather, with its loss
+    against the median at other segment tokens), Aggregate heads (each ``[layer, head] evidence``), where segments
+    were read, each role's group loss (a share of the retrieval margin) and the pairs; ``– (at chance)`` where the
+    model does not retrieve (its margin is under the detector's ``MIN_MARGIN``, so nothing was tested)."""
+    from gather_aggregate.detect_rules import MIN_MARGIN
+
     evidence = {(la, h): ev for la, h, ev in an["evidence"]}
 
     def heads(role: str) -> str:
         return ", ".join(f"{list(hd)} {evidence[tuple(hd)]}" for hd in an[role]) or "–"
 
+    gather = heads("gather")
+    record = {c["layer"]: c for c in an.get("conv", [])}
+    convs = [f"conv L{la}" + (f" ({record[la]['loss']:.2f} vs {record[la]['random_median']:.2f})" if la in record
+                               else "") for la in an.get("gather_conv", [])]
+    if convs:
+        gather = ", ".join(([] if gather == "–" else [gather]) + convs)
     joint = ", ".join(f"{role} {d:.2f}" for role, d in an["joint_drop"].items()) or "–"
     pairs = ", ".join(f"{g}→{a}" for g, a in an["pairs"]) or "–"
-    return [heads("gather"), heads("aggregate"), f"{an['reading']['gather']} / {an['reading']['aggregate']}",
-            joint, pairs]
+    read = f"{an['reading']['gather']} / {an['reading']['aggregate']}"
+    if an.get("margin", {}).get("margin", MIN_MARGIN) < MIN_MARGIN and not (an["gather"] or an["aggregate"] or convs):
+        read = "– (at chance)"
+    return [gather, heads("aggregate"), read, joint, pairs]
 
 
 def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
@@ -263,12 +276,13 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     for task in RETRIEVAL:
         by = {m: res[m]["by_task"][task] for m in names}
         out += ["", f"### Heads, scanned and detected on {task}", "",
-                f"**The G&A detector on the {task} scan** (`find_ga_heads`, z >= 1.5): each named head with its "
-                "evidence (`alone`: its own ablation drop stands out; `joint`: the role's redundant candidates, "
-                "removed together, cost a material amount that stands out from the unimportant heads), the score "
-                "each role was read by, the joint "
-                "drop (answer log-prob, nats) where one was measured, and the G→A pairs", ""]
-        out.append(_md_table(["model", "Gather heads", "Aggregate heads", "read by", "joint drop", "G→A pairs"],
+                f"**The G&A detector on {task}** (`find_ga_heads`, the chance-relative rule of `detect_rules.py`): "
+                "each named head with its evidence (`alone`: its role's group is that one head; `joint`: one of a "
+                "group named together), `conv L<i>` where an SSM layer's short convolution is the Gather "
+                "(`detect_conv.py`; its loss with the lagged taps removed at the read positions vs the median at other "
+                "segment tokens), where segments were read, each role's group loss as a share of the retrieval "
+                "margin (1 = chance), and the G→A pairs", ""]
+        out.append(_md_table(["model", "Gather", "Aggregate heads", "read by", "group loss", "G→A pairs"],
                              [[m, *_named_heads(by[m])] for m in names if "evidence" in by[m]]))
         out += ["", f"**The flagged heads that hurt {task} most (claim b)**, next to as many random other heads "
                 "(mean of 5 draws)", ""]

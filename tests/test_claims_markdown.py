@@ -1,0 +1,31 @@
+"""The claims driver's detector row (``gather_aggregate.claims._named_heads``) says what the detector named,
+including a Gather carried by an SSM layer's short convolution, and marks a model at chance as such."""
+
+from __future__ import annotations
+
+from gather_aggregate.claims import _named_heads
+
+
+def _summary(**kw):
+    base = {"gather": [], "aggregate": [], "pairs": [], "evidence": [], "joint_drop": {}, "gather_conv": [],
+            "reading": {"gather": "summary", "aggregate": "segment"},
+            "margin": {"clean": -1.0, "chance": -2.0, "margin": 1.0}}
+    return {**base, **kw}
+
+
+def test_conv_gather_is_listed_beside_the_gather_heads():
+    an = _summary(aggregate=[[0, 1], [0, 0]], evidence=[[0, 1, "joint"], [0, 0, "joint"]],
+                  joint_drop={"aggregate": 1.23}, gather_conv=[0],
+                  conv=[{"layer": 0, "loss": 1.686, "random_median": 0.001}, {"layer": 1, "loss": 0.0,
+                                                                             "random_median": 0.0}])
+    gather, aggregate, read, loss, pairs = _named_heads(an)
+    assert gather == "conv L0 (1.69 vs 0.00)"
+    assert aggregate == "[0, 1] joint, [0, 0] joint"
+    assert read == "summary / segment" and loss == "aggregate 1.23" and pairs == "–"
+    an = _summary(gather=[[0, 2]], evidence=[[0, 2, "alone"]], gather_conv=[1])
+    assert _named_heads(an)[0] == "[0, 2] alone, conv L1"
+
+
+def test_a_model_at_chance_reads_as_such():
+    assert _named_heads(_summary(margin={"clean": -2.0, "chance": -2.0, "margin": 0.01}))[2] == "– (at chance)"
+    assert _named_heads(_summary())[0:3] == ["–", "–", "summary / segment"]  # retrieves, nothing named
