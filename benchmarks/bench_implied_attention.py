@@ -171,6 +171,11 @@ def bench_long_row(L: int, path: str = "chunked", d_model: int = 4096, d_state: 
 
 def child(spec: dict[str, Any]) -> None:
     single_thread()
+    threads = spec.pop("threads", 1)
+    if threads != 1:  # only the long-row rows take --long-row-threads; every other row runs on one thread
+        import torch
+
+        torch.set_num_threads(threads)
     fn = {"tl": bench_tl, "ours": bench_ours, "long_row": bench_long_row}[spec.pop("kind")]
     print(json.dumps(fn(**spec)))
 
@@ -200,6 +205,8 @@ def main() -> None:
     ap.add_argument("--no-falcon", action="store_true")
     ap.add_argument("--long-row-lengths", type=int, nargs="*", default=[16384],
                     help="last row on a 7B-sized layer with synthetic Δ/B/C (no forward): new path and the tiled one")
+    ap.add_argument("--long-row-threads", type=int, nargs="*", default=[1],
+                    help="torch threads of the long-row rows (one row per count and path)")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of our (cheap) calls; TL runs once")
     ap.add_argument("--max-gib", type=float, default=10.0, help="address-space cap of every child process")
     args = ap.parse_args()
@@ -228,9 +235,11 @@ def main() -> None:
                      run({"kind": "ours", "L": args.falcon_length, "rows": -1, "model_type": "falcon_mamba",
                           "d_model": 4096, "repeats": args.repeats, "check_channels": 256})))
     for L in args.long_row_lengths:
-        for path in ("chunked", "tiled"):
-            rows.append((f"last row, 7B-sized layer, synthetic Δ ({path} path)", L, {},
-                         run({"kind": "long_row", "L": L, "path": path})))
+        for threads in args.long_row_threads:
+            for path in ("chunked", "tiled"):
+                on = "" if threads == 1 else f", {threads} threads"
+                rows.append((f"last row, 7B-sized layer, synthetic Δ ({path} path{on})", L, {},
+                             run({"kind": "long_row", "L": L, "path": path, "threads": threads})))
 
     from _common import machine
 
