@@ -15,7 +15,9 @@ exists to gather it).
 position (:func:`gather_aggregate.interventions.conv_current_tap_hooks`) and measure the loss as a share of the
 retrieval margin (:class:`gather_aggregate.detect_causal.Prober`).  The baseline is the same intervention at as
 many *other* tokens of the segments (one drawn per segment among its tokens before the read position), repeated
-with ``N_RANDOM`` seeds.  The layer's conv is named a Gather when its loss is at least ``NAME_MIN`` of the margin
+with ``N_RANDOM`` seeds (a segment with one token before its read position gives the same token every time, so
+the draws can coincide; when that token matters itself, e.g. a key read by a key-mover, the baseline is high and
+the conv is not named: the test errs towards naming nothing).  The layer's conv is named a Gather when its loss is at least ``NAME_MIN`` of the margin
 and beats the baseline's median by at least ``NAME_MIN``: the bar a head group must clear.  The baseline is drawn
 only for layers whose own loss reaches ``NAME_MIN`` (one forward per batch for each other layer), so a deep model
 pays ``N_RANDOM`` forwards only where a conv matters.  It is a Gather *into the read position*, so it
