@@ -195,10 +195,11 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
     return probe_terms({la: steps[la] for la in targets}, probes, grads)
 
 
-def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
-             targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True,
-             qk_layers: int | None = None) -> tuple[float, dict[Head, float], dict]:
-    """``(metric_clean, estimated drop per head, meta)`` of AtP* (see the module docstring)."""
+def _pattern_probes(model: HookedModel, by_layer: dict[int, list[int]]
+                    ) -> tuple[list[int], dict[int, Tensor], dict[int, Tensor], dict[int, Tensor], list[tuple[str, Any]]]:
+    """For the QK fix: the attention layers above some scanned head, and hooks that keep each one's pattern and
+    residual input and put a probe on its pattern.  Returns ``(layers, probes, resid, patterns, hooks)``; the
+    three dicts fill in when the hooks run."""
     attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
             and any(la > layer for layer in by_layer)]
     probes: dict[int, Tensor] = {}
@@ -218,8 +219,16 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
 
         return hook
 
-    extra = [(f"blocks.{la}.attn.hook_pattern", pattern_probe(la)) for la in attn]
-    extra += [(model.resid_hook(la), save_resid(la)) for la in attn]
+    hooks = [(f"blocks.{la}.attn.hook_pattern", pattern_probe(la)) for la in attn]
+    hooks += [(model.resid_hook(la), save_resid(la)) for la in attn]
+    return attn, probes, resid, patterns, hooks
+
+
+def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict[int, Tensor],
+             targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], *, graddrop: bool = True,
+             qk_layers: int | None = None) -> tuple[float, dict[Head, float], dict]:
+    """``(metric_clean, estimated drop per head, meta)`` of AtP* (see the module docstring)."""
+    attn, probes, resid, patterns, extra = _pattern_probes(model, by_layer)
     clean, terms, g_attn = path_gradients(model, tokens, metric, targets, [0.0], extra_hooks=extra,
                                           extra_inputs=lambda: [probes[la] for la in attn])
     est = _estimates(model, by_layer, terms)
@@ -241,7 +250,6 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
     return clean, star, meta
 
 
-
 def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[int, Tensor],
                  targets: dict[int, tuple[Tensor, Tensor]], by_layer: dict[int, list[int]], n_tokens: int,
                  qk_layers: int | None = None) -> tuple[Tensor, Tensor, dict[int, Tensor], list[int]]:
@@ -261,27 +269,7 @@ def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[
     ``δℓ``; for a metric linear in the logits the metric on ``ℓ + δℓ*`` is AtP* without GradDrop.
     ``qk_layers=n`` recomputes the first ``n`` attention layers above each head only (:func:`pattern_changes`).
     """
-    attn = [la for la in range(model.n_layers) if _pattern_hook(model, la) is not None
-            and any(la > layer for layer in by_layer)]
-    probes: dict[int, Tensor] = {}
-    resid: dict[int, Tensor] = {}
-    patterns: dict[int, Tensor] = {}
-
-    def pattern_probe(layer: int) -> Callable:
-        def hook(a: Tensor, hook: Any) -> Tensor:
-            patterns[layer] = a.detach()
-            return add_probe(probes, layer, a)
-
-        return hook
-
-    def save_resid(layer: int) -> Callable:
-        def hook(x: Tensor, hook: Any) -> None:
-            resid[layer] = x.detach()
-
-        return hook
-
-    extra = [(f"blocks.{la}.attn.hook_pattern", pattern_probe(la)) for la in attn]
-    extra += [(model.resid_hook(la), save_resid(la)) for la in attn]
+    attn, probes, resid, patterns, extra = _pattern_probes(model, by_layer)
     logits_at, toks, delta, slot_grads = readout_logit_changes(
         model, tokens, metric, targets, n_tokens, extra_hooks=extra, extra_inputs=lambda: [probes[la] for la in attn])
     if not attn:

@@ -41,8 +41,8 @@ def _inputs(model, temperature: float = 1.0):
     return tokens, ReadoutMetric(logprob, -1)
 
 
-def _oracle(model, tokens, metric, head, toks):
-    """The metric on the clean readout logits plus the head's first-order logit change, by forward-mode
+def _tangent(model, tokens, metric, head, toks):
+    """``(clean readout logits, the head's first-order change of the readout slots)``: forward-mode
     differentiation of ``α ↦ ℓ(z_h + α Δ_h)`` at ``α = 0`` for this head alone."""
     layer, h = head
     name, axis = model.head_hook(layer)
@@ -52,16 +52,21 @@ def _oracle(model, tokens, metric, head, toks):
         def hook(z, hook):
             zh = z.select(axis, h)
             new = zh + alpha * (rep.values(layer, h, zh.detach()) - zh.detach())
-            return torch.cat([z.narrow(axis, 0, h), new.unsqueeze(axis), z.narrow(axis, h + 1, z.shape[axis] - h - 1)],
-                             axis)
+            rest = z.shape[axis] - h - 1
+            return torch.cat([z.narrow(axis, 0, h), new.unsqueeze(axis), z.narrow(axis, h + 1, rest)], axis)
 
         with model.hooks(fwd_hooks=[(name, hook)]):
             return metric.select(model(tokens)).gather(-1, toks)
 
     with torch.no_grad():
         clean_at = metric.select(model(tokens))
-    _, tangent = torch.autograd.functional.jvp(logits_at, torch.zeros(()), torch.ones(()))
-    moved = clean_at.double().scatter_add(-1, toks, tangent.double())
+    return clean_at, torch.autograd.functional.jvp(logits_at, torch.zeros(()), torch.ones(()))[1].double()
+
+
+def _oracle(model, tokens, metric, head, toks):
+    """The metric on the clean readout logits plus the head's first-order logit change (:func:`_tangent`)."""
+    clean_at, tangent = _tangent(model, tokens, metric, head, toks)
+    moved = clean_at.double().scatter_add(-1, toks, tangent)
     return float(metric.at_readout(clean_at)) - float(metric.at_readout(moved.float()))
 
 
@@ -80,13 +85,18 @@ def test_estimate_is_the_metric_on_first_order_logits_head_by_head(which):
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_a_metric_linear_in_the_logits_gets_plain_atp():
-    model = _model("llama")
-    tokens, _ = _inputs(model)
+def _logit_diff(model, tokens):
+    """A metric linear in the logits: the mean difference of two random tokens' logits at the last position."""
     g = torch.Generator().manual_seed(4)
     right, wrong = torch.randint(0, model.d_vocab, (2, tokens.shape[0]), generator=g)
     rows = torch.arange(tokens.shape[0])
-    diff = ReadoutMetric(lambda la: (la[rows, 0, right] - la[rows, 0, wrong]).mean(), -1)
+    return ReadoutMetric(lambda la: (la[rows, 0, right] - la[rows, 0, wrong]).mean(), -1)
+
+
+def test_a_metric_linear_in_the_logits_gets_plain_atp():
+    model = _model("llama")
+    tokens, _ = _inputs(model)
+    diff = _logit_diff(model, tokens)
     fixed = attribution_scan(model, tokens, diff, estimator="atp-softmax").scores()
     atp = attribution_scan(model, tokens, diff, estimator="atp").scores()
     for hd, v in atp.items():
@@ -150,23 +160,7 @@ def _pattern_term_oracle(model, tokens, metric, head, toks, qk_layers=None):
 def _star_oracle(model, tokens, metric, head, toks, qk_layers=None):
     """The metric on the clean readout logits moved by the head's forward-mode first-order change plus the
     pattern terms of :func:`_pattern_term_oracle`."""
-    layer, h = head
-    name, axis = model.head_hook(layer)
-    rep = make_replacement(model, [head], "zero", None, n_pos=tokens.shape[1])
-
-    def first_order(alpha):
-        def hook(z, hook):
-            zh = z.select(axis, h)
-            new = zh + alpha * (rep.values(layer, h, zh.detach()) - zh.detach())
-            rest = z.shape[axis] - h - 1
-            return torch.cat([z.narrow(axis, 0, h), new.unsqueeze(axis), z.narrow(axis, h + 1, rest)], axis)
-
-        with model.hooks(fwd_hooks=[(name, hook)]):
-            return metric.select(model(tokens)).gather(-1, toks)
-
-    with torch.no_grad():
-        clean_at = metric.select(model(tokens))
-    tangent = torch.autograd.functional.jvp(first_order, torch.zeros(()), torch.ones(()))[1].double()
+    clean_at, tangent = _tangent(model, tokens, metric, head, toks)
     pattern = _pattern_term_oracle(model, tokens, metric, head, toks, qk_layers)
     moved = clean_at.double().scatter_add(-1, toks, tangent + pattern)
     return float(metric.at_readout(clean_at)) - float(metric.at_readout(moved.float()))
@@ -191,10 +185,7 @@ def test_star_softmax_reduces_to_atp_star_and_to_atp_softmax():
     """A metric linear in the logits: AtP* without GradDrop.  No attention layer (Mamba-2): AtP-softmax."""
     model = _model("llama")
     tokens, _ = _inputs(model)
-    g = torch.Generator().manual_seed(4)
-    right, wrong = torch.randint(0, model.d_vocab, (2, tokens.shape[0]), generator=g)
-    rows = torch.arange(tokens.shape[0])
-    diff = ReadoutMetric(lambda la: (la[rows, 0, right] - la[rows, 0, wrong]).mean(), -1)
+    diff = _logit_diff(model, tokens)
     fixed = attribution_scan(model, tokens, diff, estimator="atp*-softmax").scores()
     star = attribution_scan(model, tokens, diff, estimator="atp*", graddrop=False).scores()
     assert fixed.keys() == star.keys()
