@@ -103,16 +103,11 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     """
     if estimator not in ESTIMATORS:
         raise InputError(f"unknown estimator {estimator!r}; use one of {ESTIMATORS}")
-    if not isinstance(verify, int) or isinstance(verify, bool) or verify < 0:
-        raise InputError(f"verify must be a non-negative int (heads to re-score exactly), got {verify!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise InputError(f"steps must be a positive int (path points of integrated gradients), got {steps!r}")
-    if not isinstance(readout_tokens, int) or isinstance(readout_tokens, bool) or readout_tokens < 1:
-        raise InputError(f"readout_tokens must be a positive int (logits linearised per readout row), "
-                         f"got {readout_tokens!r}")
-    if qk_layers is not None and (not isinstance(qk_layers, int) or isinstance(qk_layers, bool) or qk_layers < 1):
-        raise InputError(f"qk_layers must be None (every attention layer above a head) or a positive int, "
-                         f"got {qk_layers!r}")
+    _check_count("verify", verify, 0, "a non-negative int (heads to re-score exactly)")
+    _check_count("steps", steps, 1, "a positive int (path points of integrated gradients)")
+    _check_count("readout_tokens", readout_tokens, 1, "a positive int (logits linearised per readout row)")
+    if qk_layers is not None:
+        _check_count("qk_layers", qk_layers, 1, "None (every attention layer above a head) or a positive int")
     if estimator.endswith("-softmax") and not isinstance(metric, ReadoutMetric):
         raise InputError(f"estimator={estimator!r} needs a ReadoutMetric (it reads the logits the metric reads); "
                          "wrap your metric: ReadoutMetric(fn, positions), or use estimator='atp'")
@@ -167,6 +162,11 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
         meta["verified"] = len(short)
     return ScanResult(rows, meta).ranked()
 
+
+def _check_count(name: str, value: Any, low: int, what: str) -> None:
+    """``value`` must be an int (not a bool) of at least ``low``; else ``InputError("{name} must be {what}")``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InputError(f"{name} must be {what}, got {value!r}")
 
 
 def _softmax_fixed(metric: ReadoutMetric, logits_at: torch.Tensor, toks: torch.Tensor, delta: dict[int, torch.Tensor],
