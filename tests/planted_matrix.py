@@ -1,9 +1,11 @@
 """The planted-circuit matrix: the detector against circuits whose Gather and Aggregate heads we placed.
 
-    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown]
+    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity]
 
 prints, per configuration, the true and named heads, and the precision / recall of the named heads over the
-whole matrix (the table in ``docs/results.md``).  ``tests/test_detect_matrix.py`` runs the same configurations
+whole matrix (the table in ``docs/results.md``).  ``--without-selectivity`` runs the rule with the Aggregate
+candidates' position-controlled contrast left out (hit rate and lift only) and counts the false positives by the
+planted role of the head, which is what the contrast is there for (docs/results.md).  ``tests/test_detect_matrix.py`` runs the same configurations
 (a fast subset by default, the rest under ``-m slow``).
 """
 
@@ -13,6 +15,7 @@ import itertools
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +82,9 @@ def run(cfg: dict[str, Any], w: Any = None, tok: Any = None) -> dict[str, Any]:
     model, g_true, a_true = build(tok, w.kv_values, **args)
     res = decide(model, examples(cfg, w, tok))
     g, a = set(res["gather"]), set(res["aggregate"])
-    return {"cfg": cfg, "gather_true": sorted(g_true), "aggregate_true": sorted(a_true), "gather": sorted(g),
+    false = (g - g_true) | (a - a_true)
+    return {"fp_roles": [model.heads_spec[la][h] for la, h in sorted(false)],
+            "cfg": cfg, "gather_true": sorted(g_true), "aggregate_true": sorted(a_true), "gather": sorted(g),
             "aggregate": sorted(a), "read": res["read"], "tp": len(g & g_true) + len(a & a_true),
             "fp": len(g - g_true) + len(a - a_true), "fn": len(g_true - g) + len(a_true - a),
             "pairs_ok": set(res["pairs"]) == set(itertools.product(sorted(g_true), sorted(a_true))),
@@ -90,6 +95,15 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    if "--without-selectivity" in sys.argv:
+        import gather_aggregate.detect_evidence as evidence
+        import gather_aggregate.detect_rules as rules
+
+        def hit_and_lift(row: dict[str, Any]) -> bool:
+            return (row["aggregate_beats_wrong"] >= evidence.AGGREGATE_MIN_HIT
+                    and row["aggregate_lift"] >= evidence.AGGREGATE_MIN_LIFT)
+
+        rules.is_aggregate_candidate = evidence.is_aggregate_candidate = hit_and_lift  # candidates and `auto` read
     w, tok = world()
     tp = fp = fn = 0
     rows = []
@@ -106,6 +120,9 @@ def main() -> int:
     rec = tp / max(tp + fn, 1)
     print(f"\n{len(rows)} configurations, {tp + fn} planted heads: precision {prec:.3f}, recall {rec:.3f}, "
           f"pairs exact in {sum(r['pairs_ok'] for r in rows)}/{len(rows)} ({time.time() - t0:.0f} s)")
+    roles = Counter(role for r in rows for role in r["fp_roles"])
+    if roles:
+        print("false positives by planted role: " + ", ".join(f"{k} {v}" for k, v in roles.most_common()))
     return 0
 
 
