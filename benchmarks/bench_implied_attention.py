@@ -169,6 +169,40 @@ def bench_long_row(L: int, path: str = "chunked", d_model: int = 4096, d_state: 
     return {**stats, **diff_stats(alpha[0, ch, -1:], want), "shape": list(alpha.shape), "d_inner": A.shape[0]}
 
 
+def bench_floor(L: int, d_inner: int = 512, d_state: int = 16, repeats: int = 5) -> dict[str, Any]:
+    """What any implementation of the full per-channel matrix pays on this machine with torch's CPU kernels,
+    measured: the first touch of the fresh ``[1, d_inner, L, L]`` fp32 output (allocate and write it once, page
+    faults included) and the contraction over ``n`` (``torch.bmm [d, L, N] @ [d, N, L]`` into a touched buffer;
+    the causal half needs half of it).  No exp, no decay, no zeros above the diagonal: a lower bound on the
+    time, not a method."""
+    import time
+
+    import torch
+
+    def best(fn: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    def touch() -> None:
+        out = torch.empty(1, d_inner, L, L)
+        out.fill_(0.0)
+        del out
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(d_inner, L, d_state, generator=g), torch.randn(d_inner, d_state, L, generator=g)
+    buf = torch.zeros(d_inner, L, L)
+    t_touch = best(touch)
+    t_rewrite = best(lambda: buf.fill_(1.0))
+    t_bmm = best(lambda: torch.bmm(q, k, out=buf))
+    return {"L": L, "d_inner": d_inner, "d_state": d_state, "touch_s": t_touch, "rewrite_s": t_rewrite,
+            "bmm_square_s": t_bmm, "floor_s": t_touch + t_bmm / 2,
+            "gflops": 2 * d_inner * L * L * d_state / t_bmm / 1e9}
+
+
 def child(spec: dict[str, Any]) -> None:
     single_thread()
     threads = spec.pop("threads", 1)
@@ -176,7 +210,7 @@ def child(spec: dict[str, Any]) -> None:
         import torch
 
         torch.set_num_threads(threads)
-    fn = {"tl": bench_tl, "ours": bench_ours, "long_row": bench_long_row}[spec.pop("kind")]
+    fn = {"tl": bench_tl, "ours": bench_ours, "long_row": bench_long_row, "floor": bench_floor}[spec.pop("kind")]
     print(json.dumps(fn(**spec)))
 
 
@@ -207,6 +241,9 @@ def main() -> None:
                     help="last row on a 7B-sized layer with synthetic Δ/B/C (no forward): new path and the tiled one")
     ap.add_argument("--long-row-threads", type=int, nargs="*", default=[1],
                     help="torch threads of the long-row rows (one row per count and path)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the full matrix's floor at each --tl-lengths L (first touch of the output + "
+                         "half a square bmm over n) and the largest TL/ours ratio it allows")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of our (cheap) calls; TL runs once")
     ap.add_argument("--max-gib", type=float, default=10.0, help="address-space cap of every child process")
     args = ap.parse_args()
@@ -221,9 +258,12 @@ def main() -> None:
         return r
 
     rows: list[tuple[str, int, dict[str, Any], dict[str, Any]]] = []
+    floors: dict[int, dict[str, Any]] = {}
     for L in args.tl_lengths:
         rows.append(("full, per channel", L, run({"kind": "tl", "L": L}),
                      run({"kind": "ours", "L": L, "repeats": args.repeats})))
+        if args.floor:
+            floors[L] = run({"kind": "floor", "L": L})
     for L in args.lengths:
         rows.append(("full, per channel", L, {}, run({"kind": "ours", "L": L, "repeats": args.repeats})))
     for hs in args.group_sizes:
@@ -265,9 +305,28 @@ def main() -> None:
         print(f"| {label} | {ours['d_inner']} | {L} | {shape} | {tl_t} | {fmt_mem(tl) if tl else '-'} | "
               f"{fmt_time(ours)} | {ours['first_wall_s']:.3f} s | {fmt_mem(ours)} | {speed} | {mem} | {diff} | "
               f"{ours['rel_diff']:.0e} |")
+    if floors:
+        print_floors(rows, floors)
     print("\n(rel = max abs diff / max |reference|.  The float64 check: per channel on 8 (7B layer: 256) channels, "
           "all rows (7B: the last row); grouped: the last row of head 0.)")
     print("\nraw: " + json.dumps([{"request": r[0], "L": r[1], "tl": r[2], "ours": r[3]} for r in rows]))
+
+
+def print_floors(rows: list[tuple[str, int, dict[str, Any], dict[str, Any]]], floors: dict[int, dict[str, Any]]) -> None:
+    """The floor table: what the output's first touch and the contraction cost, and the ratio they allow."""
+    print("\nFloor of the full per-channel matrix on this machine (same run, one thread, best of 5): first touch "
+          "of the fresh output, plus half of a square bmm over n into a touched buffer.  A lower bound on any "
+          "implementation built on torch's CPU kernels, not a method.\n")
+    print("| L | d_inner | first touch of the output | rewrite of a touched buffer | bmm [d,L,N]@[d,N,L] | floor "
+          "| TL time | largest TL/ours the floor allows | ours | TL/ours |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, L, tl, ours in rows:
+        f = floors.get(L)
+        if label != "full, per channel" or not f or "error" in f or not tl or "error" in tl or "error" in ours:
+            continue
+        print(f"| {L} | {f['d_inner']} | {f['touch_s']:.4f} s | {f['rewrite_s']:.4f} s | {f['bmm_square_s']:.4f} s "
+              f"({f['gflops']:.0f} GFLOP/s) | {f['floor_s']:.4f} s | {tl['wall_s']:.2f} s | "
+              f"{tl['wall_s'] / f['floor_s']:.0f}x | {ours['wall_s']:.3f} s | {tl['wall_s'] / ours['wall_s']:.0f}x |")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,12 @@ def test_ours_matches_float64_formula(bench, kw):
     assert r["rel_diff"] < 1e-5
 
 
+def test_floor_row_parts_add_up(bench):
+    r = bench.bench_floor(16, d_inner=8, d_state=4, repeats=1)
+    assert r["floor_s"] == pytest.approx(r["touch_s"] + r["bmm_square_s"] / 2)
+    assert min(r["touch_s"], r["rewrite_s"], r["bmm_square_s"]) > 0 and r["gflops"] > 0
+
+
 def test_scan_benchmark_row_on_a_random_llama():
     """bench_scan's row on a random 4-layer Llama (no zoo model of that name): the exact scan equals the naive loop
     and the per-head list carries both scores, best exact first."""
