@@ -35,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 #: the task names of gather_aggregate.tasks.registry (a test keeps them equal; importing it here would be slow)
 TASKS = ("kv", "letter-mc", "content-mc", "knowledge", "mmlu", "mmlu-content", "mqar")
+#: ``scan --mode``: the exact scan and gather_aggregate.attribution.ESTIMATORS (a test keeps them equal; that
+#: module imports torch)
+MODES = ("exact", "atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
 
 
 # ---- option types: a bad value is refused before anything loads ----------------------------------
@@ -174,7 +177,7 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
 
 def _scan_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
-    p.add_argument("--mode", choices=["exact", "atp", "atp*", "ig", "atp-softmax", "atp*-softmax"], default="exact",
+    p.add_argument("--mode", choices=MODES, default="exact",
                    help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients, "
                         "AtP with the output softmax exact, and that with the QK fix carried into the readout logits")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",

@@ -167,11 +167,13 @@ def test_option_values_are_checked_before_any_model_loads(argv, needle):
 
 def test_each_subcommand_lists_only_its_own_options():
     import gather_aggregate.cli as cli
+    from gather_aggregate.attribution import ESTIMATORS
     from gather_aggregate.cli import build_parser
     from gather_aggregate.tasks.registry import TASK_NAMES
     from gather_aggregate.training.train_args import ARCHS
 
     assert tuple(cli.TASKS) == tuple(TASK_NAMES)
+    assert cli.MODES == ("exact", *ESTIMATORS)  # the CLI spells them out so that parsing needs no torch
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices
 
