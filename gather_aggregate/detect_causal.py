@@ -151,13 +151,18 @@ class Prober:
             parts.append(self._logprob(b, logits)[0])
         return self._mean(parts), captured
 
-    def loss_with(self, make_hooks: Any) -> float:
+    def loss_with(self, make_hooks: Any, start: int | None = None) -> float:
         """Share of the retrieval margin lost under the hooks ``make_hooks(batch)`` returns for each batch of
-        prompts (any intervention that is not a head ablation, e.g. one on a short convolution)."""
+        prompts (any intervention that is not a head ablation, e.g. one on a short convolution).  ``start``: the
+        first layer the hooks touch; the forward restarts there from the clean run's input to it, where kept."""
         parts = []
-        for b in self.batches:
+        for b, resid in zip(self.batches, self.resid):
             with torch.no_grad():
-                logits = self.model.run_with_hooks(b.tokens, fwd_hooks=make_hooks(b))
+                if start is not None and start in resid:
+                    with self.model.hooks(fwd_hooks=make_hooks(b)):
+                        logits = self.model(resid[start], start_at_layer=start)
+                else:
+                    logits = self.model.run_with_hooks(b.tokens, fwd_hooks=make_hooks(b))
             self.n_forwards += 1
             self.n_passes += 1
             parts.append(self._logprob(b, logits)[0])

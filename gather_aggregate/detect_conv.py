@@ -20,7 +20,8 @@ the draws can coincide; when that token matters itself, e.g. a key read by a key
 the conv is not named: the test errs towards naming nothing).  The layer's conv is named a Gather when its loss is at least ``NAME_MIN`` of the margin
 and beats the baseline's median by at least ``NAME_MIN``: the bar a head group must clear.  The baseline is drawn
 only for layers whose own loss reaches ``NAME_MIN`` (one forward per batch for each other layer), so a deep model
-pays ``N_RANDOM`` forwards only where a conv matters.  It is a Gather *into the read position*, so it
+pays ``N_RANDOM`` forwards only where a conv matters; each restarts at the conv's layer from the clean run's input
+to it.  It is a Gather *into the read position*, so it
 is only tested at the read position the detector uses (``read``).
 """
 
@@ -60,13 +61,14 @@ def conv_gather(model: HookedModel, prober: Prober, read: str, name_min: float, 
     out = []
     for layer in short_conv_layers(model):
         loss = prober.loss_with(lambda b, layer=layer: conv_current_tap_hooks(model, layer, conv_positions(b, read,
-                                                                                                     seed=None)))
+                                                                                                     seed=None)),
+                                start=layer)
         if loss < name_min:
             out.append({"layer": layer, "loss": loss, "random": [], "random_median": float("nan"), "named": False,
                         "why": f"conv lags removed at the read positions: loss {loss:.2f} < {name_min}"})
             continue
         rand = [prober.loss_with(lambda b, layer=layer, k=k: conv_current_tap_hooks(
-            model, layer, conv_positions(b, read, seed=seed * 1000 + k))) for k in range(N_RANDOM)]
+            model, layer, conv_positions(b, read, seed=seed * 1000 + k)), start=layer) for k in range(N_RANDOM)]
         med = statistics.median(rand)
         named = loss - med >= name_min
         out.append({"layer": layer, "loss": loss, "random": rand, "random_median": med, "named": named,

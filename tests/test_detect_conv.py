@@ -148,3 +148,26 @@ def test_every_family_with_a_short_conv_exposes_it(name, tmp_path):
             diff = (model.run_with_hooks(tokens, fwd_hooks=conv_current_tap_hooks(model, la, where)) - clean).abs()
             before, at = float(diff[0, :4].max()), float(diff[0, 4].max())
             assert before < 1e-5 and at > max(1e-6, 10 * before), (la, before, at)
+
+
+def test_a_conv_probe_restarted_at_its_layer_equals_the_run_from_the_tokens():
+    """``Prober.loss_with(start=layer)`` restarts at the conv's layer from the clean run's input to it; the loss is
+    the full forward's up to float summation order, for every layer (layer 0 runs from the tokens either way)."""
+    sys.path.insert(0, str(FIXTURES))
+    from records import RecordsRetrieval
+
+    from gather_aggregate import load_model
+    from gather_aggregate.detect_causal import Prober
+    from gather_aggregate.detect_conv import conv_positions
+
+    d = FIXTURES / "models" / "records-mamba2"
+    model = load_model(d)
+    prober = Prober(model, RecordsRetrieval.for_model(d).examples(model.tokenizer, n=6, seed=1))
+    assert set(prober.resid[0]) == set(range(1, model.n_layers))  # the restart points are kept
+    for layer in short_conv_layers(model):
+        def hooks(b, layer=layer):
+            return conv_current_tap_hooks(model, layer, conv_positions(b, "summary", seed=None))
+
+        full, resumed = prober.loss_with(hooks), prober.loss_with(hooks, start=layer)
+        assert resumed == pytest.approx(full, abs=1e-5), layer
+        assert full != 0.0
