@@ -59,8 +59,15 @@ class ScanResult:
             r["rank"] = i
         return ScanResult(rows, self.meta)
 
-    def top(self, k: int, kinds: Sequence[str] | None = None) -> list[Head]:
+    def top(self, k: int, kinds: Sequence[str] | None = None, *, by: str = "score") -> list[Head]:
+        """The ``k`` heads of largest ``score`` (``by="score"``: the largest drops), or of largest ``|score|``
+        (``by="magnitude"``: the shortlist to take from an estimate, whose sign a saturated softmax can flip;
+        ``benchmarks/bench_shortlist.py`` measures both)."""
+        if by not in ("score", "magnitude"):
+            raise InputError(f"by must be 'score' or 'magnitude', got {by!r}")
         rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
+        if by == "magnitude":
+            rows.sort(key=lambda r: (-abs(r["score"]), r["layer"], r["head"]))
         return [(r["layer"], r["head"]) for r in rows[:k]]
 
     def score(self, layer: int, head: int) -> float:

@@ -61,3 +61,18 @@ def test_scan_benchmark_row_on_a_random_llama():
     exact = [ex for _, ex, _ in r["per_head"]]
     assert exact == sorted(exact, reverse=True)
     assert r["exact_speedup"] > 0 and -1.0 <= r["spearman"] <= 1.0 and 0 <= r["top5"] <= 5
+
+
+def test_shortlist_lengths_count_positions_by_magnitude_and_by_sign():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_shortlist import needed
+    finally:
+        sys.path.remove(str(BENCH))
+    exact = {(0, 0): 8.0, (0, 1): 0.5, (1, 0): 0.2, (1, 1): 0.05, (1, 2): 0.0, (1, 3): -0.1}
+    # a saturated estimate: the most important head gets a large negative score
+    est = {(0, 0): -3.0, (0, 1): 0.6, (1, 0): 0.1, (1, 1): 0.3, (1, 2): 0.0, (1, 3): 0.2}
+    mag = needed(exact, est, "magnitude")  # |est| order: (0,0) (0,1) (1,1) (1,3) (1,0) (1,2)
+    assert mag == {"top-1": 1, "top-3": 5, "top-5": 6, "≥ 10 %": 1}
+    signed = needed(exact, est, "signed")  # est order: (0,1) (1,1) (1,3) (1,0) (1,2) (0,0)
+    assert signed == {"top-1": 6, "top-3": 6, "top-5": 6, "≥ 10 %": 6}

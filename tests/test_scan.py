@@ -174,6 +174,17 @@ def test_atp_agrees_with_exact_on_a_random_model(setup):
     assert all(p.grad is None for p in model.module.parameters())
 
 
+def test_top_by_score_or_by_magnitude():
+    rows = [{"layer": la, "head": h, "score": sc, "kind": "attention"}
+            for la, h, sc in [(0, 0, 0.5), (0, 1, -3.0), (1, 0, 2.0), (1, 1, 0.0), (1, 2, -0.5)]]
+    res = ScanResult(rows)
+    assert res.top(2) == [(1, 0), (0, 0)]  # the largest drops
+    assert res.top(2, by="magnitude") == [(0, 1), (1, 0)]  # a large estimate of either sign
+    assert res.top(3, by="magnitude") == [(0, 1), (1, 0), (0, 0)]  # ties by head index: (0, 0) before (1, 2)
+    with pytest.raises(errors.InputError, match="'score' or 'magnitude'"):
+        res.top(2, by="abs")
+
+
 def test_ablate_context_manager_equals_run_ablated(setup):
     model, tokens, ref, _ = setup
     heads = [(1, 0), (2, 3)]
