@@ -38,15 +38,56 @@ def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, 
     ``name_or_path`` (an in-memory tokenizer has none: ``KeyError``).  So the
     bridge gets a private copy of a tokenizer loaded from disk, and none
     otherwise; the protocol's own tokenisation never uses the bridge's.
+
+    The module is switched to eager attention first, as TL's own loader does: under HF's default SDPA an
+    attention the bridge does not re-implement (OPT's, for one) returns no weights, and ``hook_pattern``
+    would never fire.
     """
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+    from transformer_lens.utilities.attn_implementation import force_eager_attention
 
+    force_eager_attention(hf_model)
     if tokenizer is not None and not getattr(tokenizer, "init_kwargs", {}).get("name_or_path"):
         tokenizer = None
     tokenizer = copy.deepcopy(tokenizer)
-    bridge = build_bridge_from_module(hf_model, architecture, hf_config=hf_config, tokenizer=tokenizer)
+    try:
+        bridge = build_bridge_from_module(hf_model, architecture, hf_config=hf_config, tokenizer=tokenizer)
+    except (RuntimeError, ValueError, KeyError, AttributeError, NotImplementedError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UnsupportedModelError(
+            f"TransformerLens' bridge cannot wrap this {architecture} (model_type "
+            f"{getattr(hf_config, 'model_type', '?')!r}): {type(exc).__name__}: {first}; this configuration of the "
+            "architecture is not supported (TransformerLens 4.3), use a supported one (see supported_model_types())"
+        ) from None
     bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     return bridge
+
+
+#: Architectures TransformerLens 4.3's bridge wraps but not exactly for this toolkit, and why.
+INEXACT_ARCHITECTURES: dict[str, str] = {
+    "BloomForCausalLM": "a forward resumed at a layer (start_at_layer, which exact head scans and patching use) "
+                        "does not equal the full forward, and a second resumed call fails",
+}
+
+
+def refuse_inexact(archs: Sequence[str]) -> None:
+    """Raise :class:`UnsupportedModelError` for an architecture of :data:`INEXACT_ARCHITECTURES`."""
+    for arch in archs:
+        if arch in INEXACT_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{arch} is not supported: in TransformerLens 4.3's bridge {INEXACT_ARCHITECTURES[arch]}; use a "
+                "decoder such as GPT2LMHeadModel, GPTNeoXForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM")
+
+
+def _required_args(module: Any) -> int:
+    """How many arguments ``module.forward`` requires (0 when there is no module or it cannot be told)."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return 0
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 def supported_architectures() -> list[str]:
@@ -82,6 +123,7 @@ class BridgeModel(ProtocolMixin):
         config = hf_model.config
         archs = list(getattr(config, "architectures", None) or [type(hf_model).__name__])
         refuse_unservable(config, archs)
+        refuse_inexact(archs)
         supported = set(supported_architectures())
         arch = next((a for a in archs if a in supported), None)
         if arch is None:
@@ -171,6 +213,10 @@ class BridgeModel(ProtocolMixin):
         block = self.module.blocks[info.index]
         if getattr(self.cfg, "parallel_attn_mlp", False) or not all(hasattr(block, n) for n in ("ln2", "mlp")):
             return None
+        if any(getattr(getattr(block, n), "name", "") is None for n in ("ln2", "mlp")):
+            return None  # a containerless bridge (OPT's fc1/fc2 sit on the layer): it cannot run on its own
+        if _required_args(getattr(block.mlp, "original_component", None)) > 1:
+            return None  # an MLP that takes more than the hidden state (Bloom's adds the residual itself)
         w_o = block.attn.W_O  # [head, d_head, d_model]
         return f"blocks.{info.index}.hook_attn_out", w_o.reshape(-1, w_o.shape[-1]).T
 
@@ -190,8 +236,11 @@ class BridgeModel(ProtocolMixin):
     def mixer_at_rows(self, resid_pre: Tensor, rows: Tensor, layer: int) -> Tensor | None:
         """Attention output of ``layer`` at query positions ``rows`` (``[batch, k]``) only, from the layer's input:
         keys and values at every position, queries, scores and outputs at the ``k`` rows.  Llama-family attention
-        (q/k/v/o projections, the model's rotary embedding, no q/k norms) only; ``None`` for any other.  The exact
-        scan compares it with the full forward on every run before using it."""
+        (q/k/v/o projections, the model's full-width rotary embedding, no q/k norms, logit soft-capping, q/k/v
+        clipping or attention sinks) only; ``None`` for any other.  A sliding window ``w`` (the layer's, or the
+        config's where ``layer_types`` is absent or marks the layer ``sliding_attention``, as HF's mask builder
+        does) keeps keys ``q - w < k <= q``.  The exact scan compares it with the full forward on every run before
+        using it."""
         from gather_aggregate.adapters.attention import rotate_half
 
         L = self.check_layer(layer).index
@@ -199,26 +248,46 @@ class BridgeModel(ProtocolMixin):
         attn = getattr(block.attn, "original_component", None)
         rotary = getattr(getattr(getattr(self.module, "original_model", None), "model", None), "rotary_emb", None)
         needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+        unhandled = ("q_norm", "k_norm", "attn_logit_softcapping", "sinks")
         if (attn is None or rotary is None or not hasattr(block, "ln1") or not all(hasattr(attn, n) for n in needed)
-                or any(getattr(attn, n, None) is not None for n in ("q_norm", "k_norm", "sliding_window"))):
+                or any(getattr(attn, n, None) is not None for n in unhandled)
+                or getattr(getattr(attn, "config", None), "clip_qkv", None) is not None):
             return None
         x = block.ln1(resid_pre)
         b, n_pos, _ = x.shape
         d = attn.head_dim
+        cos, sin = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))  # [batch, pos, d_head]
+        if cos.shape[-1] != d:  # partial rotary (StableLM, Phi): not written here
+            return None
         at = torch.arange(b, device=x.device)[:, None]
         q = attn.q_proj(x[at, rows]).view(b, rows.shape[1], -1, d)  # [batch, k, head, d_head]
         k = attn.k_proj(x).view(b, n_pos, -1, d)
         v = attn.v_proj(x).view(b, n_pos, -1, d)
-        cos, sin = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))  # [batch, pos, d_head]
         q = q * cos[at, rows][:, :, None] + rotate_half(q) * sin[at, rows][:, :, None]
         k = k * cos[:, :, None] + rotate_half(k) * sin[:, :, None]
         rep = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * attn.scaling
-        causal = torch.arange(n_pos, device=x.device)[None, None, :] <= rows[:, :, None]  # [batch, k, key]
+        key_pos = torch.arange(n_pos, device=x.device)[None, None, :]
+        causal = key_pos <= rows[:, :, None]  # [batch, k, key]
+        window = self._sliding_window(L, attn)
+        if window is not None:
+            causal &= key_pos > rows[:, :, None] - window
         pattern = torch.softmax(scores.masked_fill(~causal[:, None], float("-inf")).float(), dim=-1).to(v.dtype)
         z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
         return attn.o_proj(z.reshape(b, rows.shape[1], -1))
+
+    def _sliding_window(self, layer: int, attn: Any) -> int | None:
+        """Layer ``layer``'s sliding window: the attention module's own (Gemma, Qwen2), else the config's where
+        ``layer_types`` is absent (Mistral, Phi-3: every layer) or names the layer ``sliding_attention``."""
+        if getattr(attn, "sliding_window", None) is not None:
+            return int(attn.sliding_window)
+        config = getattr(attn, "config", None)
+        window = getattr(config, "sliding_window", None)
+        types = getattr(config, "layer_types", None)
+        if window is None or (types is not None and types[layer] != "sliding_attention"):
+            return None
+        return int(window)
 
     def _check_resume(self, resid: Any, start_at_layer: int) -> None:
         if not 0 <= start_at_layer < self.n_layers:
@@ -247,6 +316,9 @@ class BridgeModel(ProtocolMixin):
             tokens = self.validate_tokens(tokens_or_cache)
             with torch.no_grad():
                 _, cache = self.module.run_with_cache(tokens, names_filter=[name], stop_at_layer=info.index + 1)
+            if name not in cache:
+                raise UnsupportedModelError(f"{self.name!r}: {name!r} never fired (the attention returned no "
+                                            "weights); load the model with attn_implementation='eager'")
         else:
             cache = tokens_or_cache
             if name not in cache:

@@ -270,11 +270,12 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if kwargs:
         raise UnsupportedModelError(f"options {sorted(kwargs)} apply only to SSM/hybrid models, not {model_type!r}")
 
-    from gather_aggregate.bridge import BridgeModel, supported_architectures
+    from gather_aggregate.bridge import BridgeModel, refuse_inexact, supported_architectures
     from gather_aggregate.support import refuse_unservable
 
     archs = list(getattr(config, "architectures", None) or [])
     refuse_unservable(config, archs)
+    refuse_inexact(archs)
     if not any(a in supported_architectures() for a in archs):
         raise UnsupportedModelError(_unsupported_message(model_type, archs))
     from transformers import AutoModelForCausalLM
