@@ -57,6 +57,67 @@ def tiny_gpt2(*, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> tupl
     return GPT2LMHeadModel(GPT2Config(**cfg)).eval(), tok
 
 
+#: Tiny configs of common decoder families (2 layers, width 64, 4 query heads; GQA, sliding windows, soft-capping,
+#: q/k norms, biases, partial rotary where the family has them): ``family -> (config class, model class, kwargs)``.
+TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=128)),
+    "pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, rotary_pct=0.25,
+        max_position_embeddings=128)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=128)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=4, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
+        final_logit_softcapping=3.0, max_position_embeddings=128)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=4, query_pre_attn_scalar=16, max_position_embeddings=128,
+        layer_types=["sliding_attention", "full_attention"])),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=4, max_position_embeddings=128)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, pad_token_id=0)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, pad_token_id=0)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(
+        hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
+        word_embed_proj_dim=64, pad_token_id=0)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, partial_rotary_factor=0.5,
+        max_position_embeddings=128)),
+}
+
+
+def tiny_transformer(family: str, *, seed: int = 0, tokenizer: Any = None, attn_implementation: str | None = None,
+                     **overrides: Any) -> tuple[Any, Any]:
+    """A small random HF causal LM of ``family`` (a key of :data:`TINY_FAMILIES`) and a BPE tokenizer.  Its 1-d
+    parameters (norm weights, biases) are perturbed from their initial ones/zeros so that they matter."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, kwargs = TINY_FAMILIES[family]
+    tok = tokenizer or bpe_tokenizer()
+    config = getattr(transformers, config_cls)(**{"vocab_size": len(tok), **kwargs, **overrides})
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    return model, tok
+
+
 def save_model_dir(hf_model: Any, tokenizer: Any, directory: str | Path) -> Path:
     """``save_pretrained`` a model and its tokenizer side by side; returns the directory."""
     directory = Path(directory)
