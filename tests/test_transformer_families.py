@@ -224,6 +224,22 @@ def test_users_model_untouched_and_no_hook_left(family, built):
     assert all(torch.equal(state[k], v) for k, v in hf.state_dict().items())
 
 
+@pytest.mark.parametrize("family", ["opt", "gemma3"])
+def test_load_model_from_a_directory_matches_hf(family, built, tmp_path):
+    """``load_model`` (HF's default attention at load) gives HF's eager logits and patterns too."""
+    from gather_aggregate import load_model
+    from gather_aggregate.testing import save_model_dir
+
+    hf, ref, _, _, _ = built(family)
+    model = load_model(save_model_dir(hf, built(family)[2].tokenizer, tmp_path))
+    toks = _tokens(model.d_vocab, 2, 8)
+    with torch.no_grad():
+        out = ref(toks, output_attentions=True)
+        assert (model(toks) - out.logits).abs().max().item() <= TOL
+    for info in model.layers:
+        assert (model.pattern(toks, info.index) - out.attentions[info.index]).abs().max().item() <= TOL
+
+
 def test_bloom_is_refused_before_its_weights_load(tmp_path, tok):
     """TL 4.3's bridge resumes Bloom at a layer inexactly, so Bloom is refused, from memory and from disk."""
     import transformers
