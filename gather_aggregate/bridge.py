@@ -90,6 +90,21 @@ def _required_args(module: Any) -> int:
     return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
+def _rotates_halves(attn: Any) -> bool:
+    """Whether the module defining ``attn``'s class rotates by halves (``rotate_half(x) = [-x2, x1]``, as
+    Llama): Cohere's and GLM's rotate interleaved pairs, which :meth:`BridgeModel.mixer_at_rows` does not write."""
+    import sys
+
+    from gather_aggregate.adapters.attention import rotate_half
+
+    theirs = getattr(sys.modules.get(type(attn).__module__), "rotate_half", None)
+    probe = torch.arange(8.0)[None]
+    try:
+        return theirs is not None and torch.equal(theirs(probe), rotate_half(probe))
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
 def supported_architectures() -> list[str]:
     """HF architecture class names TransformerLens' bridge can wrap."""
     from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
@@ -228,7 +243,10 @@ class BridgeModel(ProtocolMixin):
         self._check_resume(resid_pre, L)
         block = self.module.blocks[L]
         resid = resid_pre + mixer_out
-        resid = resid + block.mlp(block.ln2(resid))
+        mlp_out = block.mlp(block.ln2(resid))
+        if isinstance(mlp_out, tuple):  # a mixture of experts also returns its router scores (GPT-OSS)
+            mlp_out = mlp_out[0]
+        resid = resid + mlp_out
         if L + 1 < self.n_layers:
             return self.forward(resid, start_at_layer=L + 1)
         return self.module.unembed(self.module.ln_final(resid))
@@ -257,7 +275,7 @@ class BridgeModel(ProtocolMixin):
         b, n_pos, _ = x.shape
         d = attn.head_dim
         cos, sin = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))  # [batch, pos, d_head]
-        if cos.shape[-1] != d:  # partial rotary (StableLM, Phi): not written here
+        if cos.shape[-1] != d or not _rotates_halves(attn):  # partial or interleaved rotary: not written here
             return None
         at = torch.arange(b, device=x.device)[:, None]
         q = attn.q_proj(x[at, rows]).view(b, rows.shape[1], -1, d)  # [batch, k, head, d_head]

@@ -58,7 +58,7 @@ def tiny_gpt2(*, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> tupl
 
 
 #: Tiny configs of common decoder families (2 layers, width 64, 4 query heads; GQA, sliding windows, soft-capping,
-#: q/k norms, biases, partial rotary where the family has them): ``family -> (config class, model class, kwargs)``.
+#: q/k norms, biases, partial or interleaved rotary, experts, attention sinks where the family has them): ``family -> (config class, model class, kwargs)``.
 TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=64, n_layer=2, n_head=4, n_positions=128)),
     "pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
@@ -94,6 +94,13 @@ TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi": ("PhiConfig", "PhiForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, partial_rotary_factor=0.5,
         max_position_embeddings=128)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4, max_position_embeddings=128,
+        layer_types=["sliding_attention", "full_attention"])),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=4, max_position_embeddings=128, layer_types=["sliding_attention", "full_attention"])),
 }
 
 
