@@ -98,6 +98,15 @@ TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4, max_position_embeddings=128,
         layer_types=["sliding_attention", "full_attention"])),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True, parallel_attn=True,
+        new_decoder_architecture=False, bias=False)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        partial_rotary_factor=0.25, use_qkv_bias=True, max_position_embeddings=128)),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=4, max_position_embeddings=128)),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         sliding_window=4, max_position_embeddings=128, layer_types=["sliding_attention", "full_attention"])),

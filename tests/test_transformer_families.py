@@ -1,7 +1,7 @@
 """Decoder families beyond Llama, each checked against HF itself (not against our own code).
 
 Per family (tiny random fp32 models of :data:`gather_aggregate.testing.TINY_FAMILIES`, the user's model built with
-HF's default attention, the reference an eager copy): (a) logits, (b) per-query-head patterns against HF's
+HF's default attention, the reference its weights in an eager model): (a) logits, (b) per-query-head patterns against HF's
 ``output_attentions``, (c) zero and mean ablation of one head against a pre-hook on HF's output projection that
 rewrites that head's slice of its input, (d) the exact scan's scores (plain and read-out metrics) against those
 hand-built ablations, (e) resumed runs against full runs, (f) the detector on a KV task, attribution and path
@@ -10,8 +10,6 @@ bridge cannot serve exactly are refused with one clear line.
 """
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
@@ -31,7 +29,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def built(tok):
-    """family -> (the user's HF model, its eager reference copy, our hooked model, state before, hooks at load)."""
+    """family -> (the user's HF model, its eager reference, our hooked model, state before, hooks at load)."""
     from gather_aggregate import from_hf_model
 
     cache = {}
@@ -39,8 +37,10 @@ def built(tok):
     def get(family):
         if family not in cache:
             hf, _ = tiny_transformer(family, tokenizer=tok)
-            ref = copy.deepcopy(hf)
-            ref.set_attn_implementation("eager")
+            # built eager (Falcon's attention class is fixed at init, and its SDPA class changes the logits when
+            # asked for output_attentions, an HF bug), with the user's weights
+            ref, _ = tiny_transformer(family, tokenizer=tok, attn_implementation="eager")
+            ref.load_state_dict(hf.state_dict())
             before = ({k: v.clone() for k, v in hf.state_dict().items()}, [type(m).__name__ for m in hf.modules()],
                       hf.config._attn_implementation)
             model = from_hf_model(hf, tok)
