@@ -134,6 +134,60 @@ def tiny_transformer(family: str, *, seed: int = 0, tokenizer: Any = None, attn_
     return model, tok
 
 
+def hf_output_projection(hf_model: Any, layer: int) -> Any:
+    """HF's attention output projection of ``layer`` (``o_proj``, ``c_proj``, ``dense`` or ``out_proj`` under the
+    layer's attention), whose input is the heads' outputs side by side: the module an HF-side reference ablation
+    hooks."""
+    import torch
+
+    n_layers = hf_model.config.num_hidden_layers
+    stacks = [m for name, m in hf_model.named_modules()
+              if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and name.split(".")[-1] in ("layers", "h")]
+    for name, mod in stacks[0][layer].named_modules():
+        parts = name.split(".")
+        if len(parts) >= 2 and ("attn" in parts[-2] or "attention" in parts[-2]) and \
+                parts[-1] in ("o_proj", "c_proj", "dense", "out_proj"):
+            return mod
+    raise LookupError(f"no attention output projection in layer {layer} of {type(hf_model).__name__}")
+
+
+def hf_logits(hf_model: Any, tokens: Any, layer: int | None = None, head: int = 0, d_head: int = 0,
+              value: Any = None) -> Any:
+    """HF's logits; with ``layer``: head ``head``'s slice of that layer's output-projection input set to ``value``
+    (zeros by default), by a forward pre-hook removed on return.  The reference for head ablation and patching."""
+    import torch
+
+    if layer is None:
+        with torch.no_grad():
+            return hf_model(tokens).logits
+
+    def pre(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x[..., head * d_head:(head + 1) * d_head] = 0.0 if value is None else value
+        return (x, *args[1:])
+
+    handle = hf_output_projection(hf_model, layer).register_forward_pre_hook(pre)
+    try:
+        with torch.no_grad():
+            return hf_model(tokens).logits
+    finally:
+        handle.remove()
+
+
+def hf_head_inputs(hf_model: Any, tokens: Any, layer: int) -> Any:
+    """The input of ``layer``'s output projection in HF's forward (``[batch, pos, n_heads * d_head]``)."""
+    import torch
+
+    got: list[Any] = []
+    handle = hf_output_projection(hf_model, layer).register_forward_pre_hook(lambda _m, a: got.append(a[0].detach()))
+    try:
+        with torch.no_grad():
+            hf_model(tokens)
+    finally:
+        handle.remove()
+    return got[0]
+
+
 def save_model_dir(hf_model: Any, tokenizer: Any, directory: str | Path) -> Path:
     """``save_pretrained`` a model and its tokenizer side by side; returns the directory."""
     directory = Path(directory)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gather_aggregate.protocol import count_hooks
-from gather_aggregate.testing import TINY_FAMILIES, bpe_tokenizer, tiny_transformer
+from gather_aggregate.testing import TINY_FAMILIES, bpe_tokenizer, hf_head_inputs, hf_logits, tiny_transformer
 
 FAMILIES = list(TINY_FAMILIES)
 TOL = 1e-4
@@ -54,50 +54,6 @@ def _tokens(vocab, n, seed):
     return torch.randint(1, vocab, (n, N_POS), generator=torch.Generator().manual_seed(seed))
 
 
-def _out_proj(hf, layer):
-    """HF's attention output projection of ``layer`` (its input is the heads' outputs side by side)."""
-    n_layers = hf.config.num_hidden_layers
-    stacks = [m for name, m in hf.named_modules()
-              if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and name.split(".")[-1] in ("layers", "h")]
-    for name, mod in stacks[0][layer].named_modules():
-        parts = name.split(".")
-        if len(parts) >= 2 and ("attn" in parts[-2] or "attention" in parts[-2]) and \
-                parts[-1] in ("o_proj", "c_proj", "dense", "out_proj"):
-            return mod
-    raise LookupError(f"no attention output projection in layer {layer} of {type(hf).__name__}")
-
-
-def _hf_logits(ref, toks, layer=None, head=None, d_head=None, value=None):
-    """HF logits; with ``layer``/``head``: that head's slice of the output projection's input set to ``value``
-    (zeros by default)."""
-    if layer is None:
-        with torch.no_grad():
-            return ref(toks).logits
-
-    def pre(_m, args):
-        x = args[0].clone()
-        x[..., head * d_head:(head + 1) * d_head] = 0.0 if value is None else value
-        return (x, *args[1:])
-
-    handle = _out_proj(ref, layer).register_forward_pre_hook(pre)
-    try:
-        with torch.no_grad():
-            return ref(toks).logits
-    finally:
-        handle.remove()
-
-
-def _hf_head_input(ref, toks, layer):
-    got = []
-    handle = _out_proj(ref, layer).register_forward_pre_hook(lambda _m, a: got.append(a[0].detach()))
-    try:
-        with torch.no_grad():
-            ref(toks)
-    finally:
-        handle.remove()
-    return got[0]
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_and_per_head_patterns_match_hf(family, built):
     _, ref, model, _, _ = built(family)
@@ -122,11 +78,11 @@ def test_zero_and_mean_ablation_match_hf(family, built):
     for info in model.layers:
         head, d = (info.index + 1) % info.n_heads, info.d_head
         ours = run_ablated(model, toks, [(info.index, head)])
-        assert (ours - _hf_logits(ref, toks, info.index, head, d)).abs().max().item() <= TOL
-        mean = _hf_head_input(ref, reference, info.index)[..., head * d:(head + 1) * d].mean(0)  # [pos, d_head]
+        assert (ours - hf_logits(ref, toks, info.index, head, d)).abs().max().item() <= TOL
+        mean = hf_head_inputs(ref, reference, info.index)[..., head * d:(head + 1) * d].mean(0)  # [pos, d_head]
         ours = run_ablated(model, toks, [(info.index, head)], "mean", reference)
-        assert (ours - _hf_logits(ref, toks, info.index, head, d, mean)).abs().max().item() <= TOL
-        assert not torch.allclose(ours, _hf_logits(ref, toks), atol=TOL)  # the ablation did something
+        assert (ours - hf_logits(ref, toks, info.index, head, d, mean)).abs().max().item() <= TOL
+        assert not torch.allclose(ours, hf_logits(ref, toks), atol=TOL)  # the ablation did something
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -142,9 +98,9 @@ def test_exact_scan_scores_are_hf_ablation_drops(family, built):
         return logits[:, -1].log_softmax(-1).gather(-1, target[:, None]).mean()
 
     readout = ReadoutMetric(lambda at: at[:, 0].log_softmax(-1).gather(-1, target[:, None]).mean(), N_POS - 1)
-    clean = metric(_hf_logits(ref, toks)).item()
+    clean = metric(hf_logits(ref, toks)).item()
     d = model.layers[0].d_head
-    want = {(info.index, h): clean - metric(_hf_logits(ref, toks, info.index, h, d)).item()
+    want = {(info.index, h): clean - metric(hf_logits(ref, toks, info.index, h, d)).item()
             for info in model.layers for h in range(info.n_heads)}
     for m in (metric, readout):
         got = exact_scan(model, toks, m, progress=False, max_rows=6).scores()
@@ -204,8 +160,8 @@ def test_detector_task_attribution_and_patching_run(family, built, tok):
     assert len(patched.rows) == len(ga.table)
     d = model.layers[0].d_head
     for r in patched.rows:  # the clean head output written into the corrupted run, as HF computes it
-        src = _hf_head_input(ref, toks, r["layer"])[..., r["head"] * d:(r["head"] + 1) * d]
-        want = metric(_hf_logits(ref, corrupted, r["layer"], r["head"], d, src)).item()
+        src = hf_head_inputs(ref, toks, r["layer"])[..., r["head"] * d:(r["head"] + 1) * d]
+        want = metric(hf_logits(ref, corrupted, r["layer"], r["head"], d, src)).item()
         assert abs(r["metric_patched"] - want) <= TOL, (family, r)
 
 
