@@ -475,8 +475,9 @@ def param_checksum(model: torch.nn.Module | HookedModel) -> str:
 def count_hooks(model: torch.nn.Module | HookedModel) -> int:
     """Number of hook functions currently attached to the model's ``HookPoint``s.
 
-    (TransformerLens' bridge keeps a few internal torch hooks on its own
-    components; only hook points are where users and analyses attach hooks.)
+    (TransformerLens' bridge keeps internal torch hooks on its components and permanent ones on some hook
+    points as wiring, e.g. OPT's MLP; only the non-permanent hooks of hook points are counted: users and
+    analyses attach those, and the toolkit never adds permanent ones.)
     """
     from transformer_lens.hook_points import HookPoint
 
@@ -486,6 +487,7 @@ def count_hooks(model: torch.nn.Module | HookedModel) -> int:
         if isinstance(m, HookPoint):
             n += len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
             n += len(getattr(m, "_backward_pre_hooks", {}))
+            n -= sum(h.is_permanent for h in (*getattr(m, "fwd_hooks", ()), *getattr(m, "bwd_hooks", ())))
     return n
 
 
