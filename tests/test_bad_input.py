@@ -67,6 +67,50 @@ def test_unknown_model_type_and_damaged_config(tmp_path, tiny_llama_dir):
         load_model(d)
 
 
+def _edit_config(src, dst, **changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return dst
+
+
+def test_configs_that_do_not_match_their_weights_or_are_inconsistent(tmp_path, tiny_llama_dir):
+    # one layer more than the weights hold: HF would initialise it at random and only warn
+    with pytest.raises(CheckpointError, match="does not match its config: missing keys.*same model") as err:
+        load_model(_edit_config(tiny_llama_dir, tmp_path / "deeper", num_hidden_layers=3))
+    _one_line(err.value)
+    with pytest.raises(CheckpointError, match="do not have the shapes its config.json gives.*same model") as err:
+        load_model(_edit_config(tiny_llama_dir, tmp_path / "wider", hidden_size=32))
+    _one_line(err.value)
+    # transformers' own config checks (ZeroDivisionError, multi-line validation errors) become one line
+    with pytest.raises(ModelLoadError, match="cannot read the config.*fix config.json") as err:
+        load_model(_edit_config(tiny_llama_dir, tmp_path / "noheads", num_attention_heads=0))
+    _one_line(err.value)
+    (tmp_path / "deeper" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match="JSON list, not an object"):
+        load_model(tmp_path / "deeper")
+
+
+def test_options_and_tokenizers_are_checked_before_loading(tiny_llama_dir, tmp_path):
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.errors import TokenizerMissingError
+    from gather_aggregate.testing import tiny_llama
+
+    with pytest.raises(InputError, match=r"unknown option\(s\) \['hed_size'\].*head_size, max_memory"):
+        load_model(tiny_llama_dir, hed_size=2)
+    with pytest.raises(TokenizerMissingError, match="no such directory"):
+        load_model(tiny_llama_dir, tokenizer=str(tmp_path / "no" / "tok"))
+    with pytest.raises(InputError, match="tokenizer must be a tokenizer"):
+        load_model(tiny_llama_dir, tokenizer=3)
+    assert load_model(tiny_llama_dir, tokenizer=str(tiny_llama_dir)).to_tokens("apple").shape[0] == 1
+    hf, tok = tiny_llama()
+    for bad in ("my-model-dir", None, torch.nn.Linear(2, 2)):
+        with pytest.raises(InputError, match="in-memory transformers model.*use load_model"):
+            from_hf_model(bad)
+    with pytest.raises(InputError, match="tokenizer must be a tokenizer object"):
+        from_hf_model(hf, tokenizer="gpt2")
+
+
 def test_zoo_names_typos_and_missing_paths(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     zoo = list_zoo()
