@@ -197,6 +197,59 @@ def test_metric_of_the_wrong_type_in_every_scan(llama_model, bad, needle):
         patch_heads(llama_model, tokens, tokens.flip(0), bad, heads=[(1, 0)])
 
 
+def test_scan_options_resume_files_and_scan_tables(llama_model, tmp_path):
+    from gather_aggregate.errors import ResumeMismatchError
+    from gather_aggregate.protocol import count_hooks
+    from gather_aggregate.scan import ScanResult
+
+    tokens = torch.randint(0, 50, (2, 6))
+    for bad, needle in ((0, "max_rows=0: pass a positive"), (-4, "max_rows=-4"), (2.5, "max_rows must be an integer")):
+        with pytest.raises(InputError, match=needle):  # each was accepted and ignored
+            exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], max_rows=bad, progress=False)
+    with pytest.raises(InputError, match="resume=True needs out=PATH"):  # was silently a fresh scan
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], resume=True, progress=False)
+    with pytest.raises(InputError, match="is a directory; pass a file path in it"):  # was IsADirectoryError
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=tmp_path, progress=False)
+    out = tmp_path / "scan.json"
+    for text in ("[]", '{"meta": 3, "rows": 5}', '{"meta": {}, "rows": [{"layer": 1}]}'):
+        out.write_text(text)  # valid JSON that is no scan table: was an AttributeError
+        with pytest.raises(ResumeMismatchError, match="not a scan table.*drop --resume") as err:
+            exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=out, resume=True, progress=False)
+        _one_line(err.value)
+        with pytest.raises(InputError, match="is not a scan table"):
+            ScanResult.load(out)
+    with pytest.raises(InputError, match="no scan file at"):  # was FileNotFoundError
+        ScanResult.load(tmp_path / "nope.json")
+    out.write_text("{oops")
+    with pytest.raises(InputError, match="not valid JSON"):  # was JSONDecodeError
+        ScanResult.load(out)
+    assert count_hooks(llama_model) == 0
+
+
+def test_hook_names_start_layers_and_detector_arguments(llama_model):
+    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.protocol import count_hooks, param_checksum
+    from gather_aggregate.tasks import evaluate, get_task
+
+    before = param_checksum(llama_model)
+    exs = get_task("kv", n_pairs=2).examples(llama_model.tokenizer, 2)
+    with pytest.raises(InputError, match="no hook named 'blocks.9.attn.hook_z'.*head_hook") as err:  # was KeyError
+        evaluate(llama_model, exs, fwd_hooks=[("blocks.9.attn.hook_z", lambda t, hook: t)])
+    _one_line(err.value)
+    with pytest.raises(InputError, match="must be \\(hook_name, fn\\) pairs"):
+        evaluate(llama_model, exs, fwd_hooks=["blocks.0.attn.hook_z"])
+    name = llama_model.head_hook(0)[0]
+    assert evaluate(llama_model, exs, fwd_hooks=[(name, lambda t, hook: t)]).accuracy == evaluate(llama_model,
+                                                                                                  exs).accuracy
+    with pytest.raises(InputError, match="start_at_layer must be an int"):  # was a TypeError comparing int and str
+        llama_model(torch.zeros(1, 3, 64), start_at_layer="1")
+    with pytest.raises(InputError, match="scan must be a ScanResult"):  # was AttributeError: no .scores
+        find_ga_heads(llama_model, exs, scan="scan.json")
+    with pytest.raises(InputError, match="max_candidates=0: pass a positive int"):  # was an empty, silent answer
+        find_ga_heads(llama_model, exs, max_candidates=0)
+    assert count_hooks(llama_model) == 0 and param_checksum(llama_model) == before
+
+
 def test_atp_needs_a_tensor_metric(llama_model):
     tokens = torch.randint(0, 50, (2, 6))
     with pytest.raises(InputError, match="AtP needs the metric to return a tensor"):
