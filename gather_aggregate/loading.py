@@ -238,7 +238,7 @@ def _user_tokenizer(tokenizer: Any) -> Any:
             raise TokenizerMissingError(f"tokenizer={str(tokenizer)!r}: no such directory; pass a tokenizer object or "
                                         "a directory saved with tokenizer.save_pretrained(dir)")
         return load_tokenizer(source)
-    if tokenizer is None or callable(tokenizer) or hasattr(tokenizer, "encode"):
+    if not isinstance(tokenizer, (bool, int, float, bytes, list, tuple, dict)):  # a tokenizer of any make
         return tokenizer
     raise InputError(f"tokenizer must be a tokenizer (e.g. AutoTokenizer.from_pretrained(dir)) or a directory, got "
                      f"{type(tokenizer).__name__}")
@@ -377,8 +377,7 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
         raise InputError(f"from_hf_model takes an in-memory transformers model (e.g. "
                          f"AutoModelForCausalLM.from_pretrained(dir)), got {type(hf_model).__name__}; for a directory "
                          "or zoo name use load_model(...)")
-    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not (callable(tokenizer)
-                                                                              or hasattr(tokenizer, "encode"))):
+    if isinstance(tokenizer, (str, bytes, bool, int, float, list, tuple, dict, os.PathLike)):
         raise InputError(f"tokenizer must be a tokenizer object (e.g. AutoTokenizer.from_pretrained(dir)), got "
                          f"{type(tokenizer).__name__}")
     model_type = getattr(hf_model.config, "model_type", None)
