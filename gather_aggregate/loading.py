@@ -324,6 +324,10 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
     if device is not None and device_map is not None:
         raise ModelLoadError("pass device= or device_map=, not both")
+    if Path(source).is_dir():  # no weight file, or missing shards: named here, not as a "damaged" file
+        from gather_aggregate.adapters.streaming import weight_files
+
+        weight_files(Path(source))
     hf, info = _weights(lambda: AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype or "auto", output_loading_info=True,
         **({"device_map": device_map} if device_map is not None else {})), source)

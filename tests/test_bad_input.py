@@ -86,6 +86,9 @@ def test_configs_that_do_not_match_their_weights_or_are_inconsistent(tmp_path, t
     with pytest.raises(ModelLoadError, match="cannot read the config.*fix config.json") as err:
         load_model(_edit_config(tiny_llama_dir, tmp_path / "noheads", num_attention_heads=0))
     _one_line(err.value)
+    (tmp_path / "wider" / "model.safetensors").unlink()  # was "the file is damaged or truncated"
+    with pytest.raises(ModelLoadError, match="no weights in .*save the model with model.save_pretrained"):
+        load_model(tmp_path / "wider")
     (tmp_path / "deeper" / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelLoadError, match="JSON list, not an object"):
         load_model(tmp_path / "deeper")
