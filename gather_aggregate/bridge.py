@@ -308,8 +308,9 @@ class BridgeModel(ProtocolMixin):
         return int(window)
 
     def _check_resume(self, resid: Any, start_at_layer: int) -> None:
-        if not 0 <= start_at_layer < self.n_layers:
-            raise InputError(f"start_at_layer must be in [0, {self.n_layers - 1}], got {start_at_layer}")
+        if not isinstance(start_at_layer, int) or isinstance(start_at_layer, bool) \
+                or not 0 <= start_at_layer < self.n_layers:
+            raise InputError(f"start_at_layer must be an int in [0, {self.n_layers - 1}], got {start_at_layer!r}")
         if not isinstance(resid, Tensor) or resid.dim() != 3 or not resid.is_floating_point():
             raise InputError("with start_at_layer, pass the residual stream [batch, pos, d_model] (a float tensor)")
         self.check_residual(resid)

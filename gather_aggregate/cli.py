@@ -90,6 +90,8 @@ def head_indices(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"cannot read head index {part!r}; pass non-negative whole numbers, "
                                              "comma separated, e.g. --heads 0,2")
         out.append(int(part))
+    if not out:
+        raise argparse.ArgumentTypeError("no head indices given; e.g. --heads 0,2, or leave --heads out for all heads")
     return out
 
 

@@ -282,6 +282,11 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
         reading = "last-1"
     if reading not in READINGS:
         raise InputError(f"reading must be one of {', '.join(READINGS)}, got {reading!r}")
+    if scan is not None and not callable(getattr(scan, "scores", None)):
+        raise InputError(f"scan must be a ScanResult (e.g. exact_scan(...) or ScanResult.load(path)), got "
+                         f"{type(scan).__name__}")
+    if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
+        raise InputError(f"max_candidates={max_candidates!r}: pass a positive int (heads per role tested causally)")
     res = decide(model, examples, read=reading, max_candidates=max_candidates, seed=seed, batch_size=batch_size)
     if scores is None:  # the paper's summary-token scores, as columns beside the detector's own
         scores = pattern_scores(model, examples, batch_size=batch_size)

@@ -1,4 +1,4 @@
-"""Integer indices (layers, heads) from what users pass: ints, NumPy integers, 0-d integer tensors.
+"""Integer indices (layers, heads, query rows) from what users pass: ints, NumPy integers, 0-d integer tensors.
 
 Floats, bools and strings are refused with a one-line :class:`InputError` (a float
 head such as 1.7 would otherwise be truncated to 1).  ``HEAD_NAME`` reads ``L1H0``.
@@ -7,9 +7,14 @@ head such as 1.7 would otherwise be truncated to 1).  ``HEAD_NAME`` reads ``L1H0
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.errors import IndexOutOfRangeError, InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jaxtyping import Int
+    from torch import Tensor
 
 HEAD_NAME = re.compile(r"^L(\d+)H(\d+)$")
 
@@ -49,3 +54,45 @@ def layer_bound(value: int | None, name: str, n_layers: int) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or not -n <= value <= n:
         raise InputError(f"{name}={value!r} is out of range: use an int in [-{n}, {n}] (this model has {n} layers)")
     return value % n if value < 0 else value
+
+
+def resolve_rows(rows: Any, batch: int, seq_len: int, device: Any = None) -> Int[Tensor, "batch n_rows"] | None:
+    """Normalise a ``rows`` argument to a ``[batch, n_rows]`` LongTensor (or ``None`` = all rows).
+
+    Negative positions count from the end, like Python indexing.
+    """
+    import torch
+
+    if rows is None:
+        return None
+    if isinstance(rows, (str, bytes)):
+        raise InputError(f"rows must be an int, a list of ints or an integer tensor of query positions, got {rows!r}")
+    if isinstance(rows, torch.Tensor):
+        if rows.is_floating_point() or rows.is_complex() or rows.dtype == torch.bool:
+            raise InputError(f"rows must hold integer query positions, got a {rows.dtype} tensor; pass a LongTensor "
+                             "(e.g. batch.query_pos), not a mask or floats")
+        if rows.numel() == 0:
+            raise InputError("rows is empty; pass rows=None for every query position")
+    elif not isinstance(rows, Sequence) and not hasattr(rows, "tolist"):
+        rows = as_index(rows, "rows")
+    if isinstance(rows, int):
+        r = torch.tensor([[rows]] * batch, dtype=torch.long)
+    elif isinstance(rows, torch.Tensor):
+        r = rows.long()
+        if r.dim() == 0:
+            r = r.view(1, 1).expand(batch, 1)
+        elif r.dim() == 1:
+            r = r.view(1, -1).expand(batch, -1)
+        elif r.dim() != 2 or r.shape[0] != batch:
+            raise InputError(f"rows tensor must be [n_rows] or [batch={batch}, n_rows], got {tuple(r.shape)}")
+    else:
+        vals = [as_index(x, "row") for x in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+        if not vals:
+            raise InputError("rows is empty; pass rows=None for every query position")
+        r = torch.tensor(vals, dtype=torch.long).view(1, -1).expand(batch, -1)
+    r = torch.where(r < 0, r + seq_len, r)
+    if (r < 0).any() or (r >= seq_len).any():
+        raise IndexOutOfRangeError(
+            f"query row(s) out of range for a prompt of {seq_len} tokens: got {sorted(set(r.flatten().tolist()))}"
+        )
+    return r.to(device) if device is not None else r

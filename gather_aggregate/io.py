@@ -30,6 +30,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> 
     binary writers: ``torch.save``, safetensors).  The file gets the permissions a plain ``open`` would give it
     (``mkstemp`` makes 0600; results are meant to be shared); on an error the temporary file is removed."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"cannot write {str(path)!r}: it is a directory; pass a file path in it, e.g. "
+                         f"{str(path / 'scan.json')!r}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -155,15 +155,27 @@ def _read_config(auto_config: Any, path: Path) -> Any:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{str(path / 'config.json')!r} is damaged ({exc}); re-save the model with "
                              "model.save_pretrained(dir) or download it again") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{str(path / 'config.json')!r} holds a JSON {type(raw).__name__}, not an object of "
+                             "config fields; re-save the model with model.save_pretrained(dir)")
     try:
         return auto_config.from_pretrained(str(path))
-    except (ValueError, KeyError) as exc:
-        model_type = raw.get("model_type") if isinstance(raw, dict) else None
-        if model_type is not None:
+    except Exception as exc:  # noqa: BLE001 - an unknown type, or a config transformers' own checks refuse
+        from transformers import CONFIG_MAPPING
+
+        model_type = raw.get("model_type")
+        if model_type is not None and model_type not in CONFIG_MAPPING:
             raise UnsupportedModelError(_unsupported_message(model_type, list(raw.get("architectures") or []))) \
                 from None
-        raise ModelLoadError(f"cannot read the config in {str(path)!r} ({str(exc).splitlines()[0]}); re-save "
+        reason = _first_line(exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc)
+        raise ModelLoadError(f"cannot read the config in {str(path)!r} ({reason}); fix config.json or re-save "
                              "it with model.save_pretrained(dir)") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (messages of transformers' checks run over several lines)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
 
 
 def load_tokenizer(source: str) -> Any:
@@ -204,6 +216,34 @@ def _optional_tokenizer(source: str) -> Any:
     return load_tokenizer(source)
 
 
+def _check_options(kwargs: dict[str, Any]) -> None:
+    """``load_model``'s extra options are the SSM adapters' (``head_size``, ``max_memory``); others are typos."""
+    import inspect
+
+    from gather_aggregate.adapters.convert import load_ssm
+
+    known = [n for n, p in inspect.signature(load_ssm).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and n not in ("device", "dtype", "device_map")]
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise InputError(f"load_model got unknown option(s) {unknown}; its options are device, dtype, tokenizer, "
+                         f"device_map and, for SSM/hybrid models, {', '.join(known)}")
+
+
+def _user_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer=``: a tokenizer object, or a directory / hub name to load one from (checked now, not at first use)."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        source = str(Path(tokenizer).expanduser())
+        if not Path(source).exists() and _looks_like_path(str(tokenizer)):
+            raise TokenizerMissingError(f"tokenizer={str(tokenizer)!r}: no such directory; pass a tokenizer object or "
+                                        "a directory saved with tokenizer.save_pretrained(dir)")
+        return load_tokenizer(source)
+    if not isinstance(tokenizer, (bool, int, float, bytes, list, tuple, dict)):  # a tokenizer of any make
+        return tokenizer
+    raise InputError(f"tokenizer must be a tokenizer (e.g. AutoTokenizer.from_pretrained(dir)) or a directory, got "
+                     f"{type(tokenizer).__name__}")
+
+
 def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtype: Any = None,
                tokenizer: Any = None, device_map: Any = None, **kwargs: Any) -> Any:
     """Load a hooked model that answers the gather-aggregate protocol.
@@ -221,6 +261,8 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
             Mamba-1 checkpoint's ``ga_head_size`` config key, else one channel per head).
     """
     device = parse_device(device)
+    _check_options(kwargs)
+    tokenizer = _user_tokenizer(tokenizer)
     name_or_path = resolve_source(name_or_path)
     model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, device_map=device_map,
                         **kwargs)
@@ -282,11 +324,29 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
     if device is not None and device_map is not None:
         raise ModelLoadError("pass device= or device_map=, not both")
-    hf = _weights(lambda: AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype or "auto", **({"device_map": device_map} if device_map is not None else {})), source)
+    if Path(source).is_dir():  # no weight file, or missing shards: named here, not as a "damaged" file
+        from gather_aggregate.adapters.streaming import weight_files
+
+        weight_files(Path(source))
+    hf, info = _weights(lambda: AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype or "auto", output_loading_info=True,
+        **({"device_map": device_map} if device_map is not None else {})), source)
+    _refuse_missing(hf, info, source)
     if device is not None:
         hf = hf.to(device)
     return BridgeModel.from_hf(hf, tok, copy_model=False, name=str(name_or_path))
+
+
+def _refuse_missing(hf: Any, info: dict[str, Any], source: str) -> None:
+    """Parameters the checkpoint does not hold would be random (HF only warns): one :class:`CheckpointError`."""
+    from gather_aggregate.errors import CheckpointError
+
+    params = {name for name, _ in hf.named_parameters()}
+    missing = sorted(k for k in info.get("missing_keys", ()) if k in params)
+    if missing:
+        raise CheckpointError(f"checkpoint in {source!r} does not match its config: missing keys ({len(missing)}): "
+                              f"{', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}; the config.json and the "
+                              "weights must come from the same model (re-save it with model.save_pretrained(dir))")
 
 
 def _weights(load: Any, source: Any) -> Any:
@@ -303,12 +363,27 @@ def _weights(load: Any, source: Any) -> Any:
         if not (isinstance(exc, kinds) or type(exc).__name__ in ("SafetensorError", "UnpicklingError")):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "ignore_mismatched_sizes" in first or "size mismatch" in first:
+            raise CheckpointError(f"the weights in {str(source)!r} do not have the shapes its config.json gives; the "
+                                  "config and the weights must come from the same model (re-save it with "
+                                  "model.save_pretrained(dir))") from None
+        if "device_map" in first:
+            raise InputError(f"bad device_map ({first[:200]}); pass 'auto' or {{module name: device}}") from None
         raise CheckpointError(f"cannot read the weights in {str(source)!r} ({type(exc).__name__}: {first[:200]}); "
                              "the file is damaged or truncated: download or save the model again") from None
 
 
 def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None = None) -> Any:
     """Hook an in-memory HF model without touching it (its weights are copied, never edited)."""
+    import torch
+
+    if not isinstance(hf_model, torch.nn.Module) or not hasattr(hf_model, "config"):
+        raise InputError(f"from_hf_model takes an in-memory transformers model (e.g. "
+                         f"AutoModelForCausalLM.from_pretrained(dir)), got {type(hf_model).__name__}; for a directory "
+                         "or zoo name use load_model(...)")
+    if isinstance(tokenizer, (str, bytes, bool, int, float, list, tuple, dict, os.PathLike)):
+        raise InputError(f"tokenizer must be a tokenizer object (e.g. AutoTokenizer.from_pretrained(dir)), got "
+                         f"{type(tokenizer).__name__}")
     model_type = getattr(hf_model.config, "model_type", None)
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm

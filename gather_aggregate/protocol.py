@@ -41,6 +41,7 @@ from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, In
 from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
 from gather_aggregate.indices import is_index as _is_index
+from gather_aggregate.indices import resolve_rows as resolve_rows  # re-exported: its old home
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -384,7 +385,17 @@ class ProtocolMixin:
         if kwargs and not ssm_heads:
             raise InputError(f"options {sorted(kwargs)} apply only to SSM layers and heads; the heads asked of layer "
                              f"{info.index} are attention heads")
-        out = self._pattern(tokens_or_cache, info, head_idx, rows, **kwargs)
+        try:
+            out = self._pattern(tokens_or_cache, info, head_idx, rows, **kwargs)
+        except TypeError as exc:  # an option the layer's implied-attention function does not take
+            import re
+
+            name = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+            if not (kwargs and name and name.group(1) in kwargs):
+                raise
+            raise InputError(f"pattern() option {name.group(1)!r} is not one layer {info.index}'s SSM takes; its "
+                             "options are dt_scaling and max_bytes (Mamba-1 also reduce and block), see "
+                             "docs/api_ssm.md") from None
         if normalize:
             out = normalize_rows(out)
         return out
@@ -414,38 +425,6 @@ def normalize_rows(pattern: Float[Tensor, "... key"], eps: float = 1e-12) -> Flo
     """Per-row normalised ``|pattern|``: ``|p| / sum_k |p|`` (rows of zeros stay zero)."""
     mag = pattern.abs()
     return mag / mag.sum(-1, keepdim=True).clamp_min(eps)
-
-
-def resolve_rows(rows: Any, batch: int, seq_len: int, device: Any = None) -> Int[Tensor, "batch n_rows"] | None:
-    """Normalise a ``rows`` argument to a ``[batch, n_rows]`` LongTensor (or ``None`` = all rows).
-
-    Negative positions count from the end, like Python indexing.
-    """
-    import torch
-
-    if rows is None:
-        return None
-    if isinstance(rows, int):
-        r = torch.tensor([[rows]] * batch, dtype=torch.long)
-    elif isinstance(rows, torch.Tensor):
-        r = rows.long()
-        if r.dim() == 0:
-            r = r.view(1, 1).expand(batch, 1)
-        elif r.dim() == 1:
-            r = r.view(1, -1).expand(batch, -1)
-        elif r.dim() != 2 or r.shape[0] != batch:
-            raise InputError(f"rows tensor must be [n_rows] or [batch={batch}, n_rows], got {tuple(r.shape)}")
-    else:
-        vals = [int(x) for x in rows]
-        if not vals:
-            raise InputError("rows is empty; pass rows=None for every query position")
-        r = torch.tensor(vals, dtype=torch.long).view(1, -1).expand(batch, -1)
-    r = torch.where(r < 0, r + seq_len, r)
-    if (r < 0).any() or (r >= seq_len).any():
-        raise IndexOutOfRangeError(
-            f"query row(s) out of range for a prompt of {seq_len} tokens: got {sorted(set(r.flatten().tolist()))}"
-        )
-    return r.to(device) if device is not None else r
 
 
 def gather_rows(full: Float[Tensor, "batch head query key"], rows: Tensor | None) -> Tensor:

@@ -112,11 +112,41 @@ def _ablate_sections(data: Mapping[str, Any], model: str) -> list[Any]:
                               f"({data.get('method', 'zero')})")]
 
 
-def build_report_from_dir(results: Path, out: Path) -> Path:
+def _sections(name: str, data: Mapping[str, Any], model: str, rel: str, secs: list[Any]) -> bool:
+    """Append the report sections of one result file to ``secs``; whether the file is a result at all."""
     import torch
 
-    from gather_aggregate.report import KeyValues, write_report
+    from gather_aggregate.report import KeyValues
     from gather_aggregate.viz import attention_heads
+
+    if name == "eval":
+        secs.append(KeyValues({"model": model, "task": data.get("task"), "prompts": data.get("n"),
+                               "accuracy": round(float(data.get("accuracy", float("nan"))), 4)},
+                              title=f"{model}: {data.get('task')} accuracy"))
+    elif name.startswith("scan") and data.get("rows"):
+        secs += _scan_sections(data, model, rel)
+    elif name == "detect" and data.get("rows"):
+        secs += _detect_sections(data, model, rel)
+    elif name == "ablate" and "clean" in data:
+        secs += _ablate_sections(data, model)
+    elif name == "lm_eval" and data.get("rows"):
+        from gather_aggregate.lm_eval.schedule import report_sections
+
+        secs += report_sections(data)
+    elif name == "pattern" and "pattern" in data:
+        which = data.get("prompt_index", 0)
+        secs.append(attention_heads(torch.tensor(data["pattern"]), data["tokens"], layer=data["layer"],
+                                    heads=data["heads"],
+                                    title=f"{model}: layer {data['layer']} ({data['kind']}), prompt {which} "
+                                          f"of {data.get('task', 'the task')}"))
+    else:
+        return False
+    return True
+
+
+def build_report_from_dir(results: Path, out: Path) -> Path:
+    from gather_aggregate.errors import GAError
+    from gather_aggregate.report import write_report
 
     by_model: dict[str, list[Any]] = {}
     found = []
@@ -127,29 +157,15 @@ def build_report_from_dir(results: Path, out: Path) -> Path:
             continue
         model = model_of(data)
         secs = by_model.setdefault(model, [])
-        if name == "eval":
-            secs.append(KeyValues({"model": model, "task": data.get("task"), "prompts": data.get("n"),
-                                   "accuracy": round(float(data.get("accuracy", float("nan"))), 4)},
-                                  title=f"{model}: {data.get('task')} accuracy"))
-        elif name.startswith("scan") and data.get("rows"):
-            secs += _scan_sections(data, model, rel)
-        elif name == "detect" and data.get("rows"):
-            secs += _detect_sections(data, model, rel)
-        elif name == "ablate" and "clean" in data:
-            secs += _ablate_sections(data, model)
-        elif name == "lm_eval" and data.get("rows"):
-            from gather_aggregate.lm_eval.schedule import report_sections
-
-            secs += report_sections(data)
-        elif name == "pattern" and "pattern" in data:
-            which = data.get("prompt_index", 0)
-            secs.append(attention_heads(torch.tensor(data["pattern"]), data["tokens"], layer=data["layer"],
-                                        heads=data["heads"],
-                                        title=f"{model}: layer {data['layer']} ({data['kind']}), prompt {which} "
-                                              f"of {data.get('task', 'the task')}"))
-        else:
-            continue
-        found.append(rel)
+        try:
+            known = _sections(name, data, model, rel, secs)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            if isinstance(exc, GAError):
+                raise
+            raise InputError(f"{rel} is not a {name} result this version can read ({type(exc).__name__}: {exc}); "
+                             f"rerun the subcommand that wrote it, or move the file out of {str(results)!r}") from None
+        if known:
+            found.append(rel)
     if not found:
         raise InputError(f"no results found in {str(results)!r}; run eval/scan/detect/ablate/pattern with "
                          f"--out {results} first")

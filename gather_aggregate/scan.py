@@ -38,8 +38,9 @@ from torch import Tensor
 
 from gather_aggregate import layer_resume
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
+from gather_aggregate.indices import as_index
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
-from gather_aggregate.io import write_table
+from gather_aggregate.io import read_json, write_table
 from gather_aggregate.protocol import Head, HookedModel, device_of
 from gather_aggregate.readout import ReadoutMetric
 
@@ -84,8 +85,25 @@ class ScanResult:
 
     @classmethod
     def load(cls, path: str | Path) -> ScanResult:
-        data = json.loads(Path(path).read_text())
+        """A table written by :meth:`save` (or a scan's ``out=``); anything else is one :class:`InputError`."""
+        path = Path(path)
+        data = read_json(path, InputError, f"no scan file at {str(path)!r}; pass the scan.json a scan wrote",
+                         "rerun the scan that wrote it")
+        problem = _table_problem(data)
+        if problem:
+            raise InputError(f"{str(path)!r} is not a scan table ({problem}); pass the scan.json a scan wrote")
         return cls(data["rows"], data.get("meta", {}))
+
+
+def _table_problem(data: Any) -> str | None:
+    """What keeps ``data`` from being a scan table ``{"meta": {...}, "rows": [{layer, head, score, ...}]}``."""
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
+            or not isinstance(data.get("meta", {}), dict):
+        return 'expected a JSON object {"meta": {...}, "rows": [...]}'
+    for i, r in enumerate(data["rows"]):
+        if not isinstance(r, dict) or any(k not in r for k in ("layer", "head", "score")):
+            return f"row {i} lacks layer, head or score"
+    return None
 
 
 # ---- fingerprints (resume safety) ---------------------------------------------------
@@ -200,6 +218,10 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     sharded across ``num_workers`` Ray workers that each load the model once
     (:func:`exact_scan_ray`; same numbers, same table).
     """
+    if resume and out is None:
+        raise InputError("resume=True needs out=PATH, the table an interrupted scan wrote")
+    if max_rows is not None and (as_index(max_rows, "max_rows") < 1):
+        raise InputError(f"max_rows={max_rows}: pass a positive number of stacked rows per forward, or None")
     if ray or ray_address is not None:
         return exact_scan_ray(model, tokens, metric, heads, method, reference, per_position=per_position,
                               seed=seed, max_rows=max_rows, out=out, resume=resume, address=ray_address,
@@ -334,6 +356,10 @@ def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable scan file ({exc})") from None
+    problem = _table_problem(old)
+    if problem:
+        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a scan table ({problem}); use another "
+                                  "--out or drop --resume")
     old_meta = old.get("meta", {})
     for key, what in (("model", "model"), ("task", "task (prompts, metric or ablation settings)"),
                       ("method", "ablation method"), ("mode", "scan mode")):

@@ -67,6 +67,53 @@ def test_unknown_model_type_and_damaged_config(tmp_path, tiny_llama_dir):
         load_model(d)
 
 
+def _edit_config(src, dst, **changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return dst
+
+
+def test_configs_that_do_not_match_their_weights_or_are_inconsistent(tmp_path, tiny_llama_dir):
+    # one layer more than the weights hold: HF would initialise it at random and only warn
+    with pytest.raises(CheckpointError, match="does not match its config: missing keys.*same model") as err:
+        load_model(_edit_config(tiny_llama_dir, tmp_path / "deeper", num_hidden_layers=3))
+    _one_line(err.value)
+    with pytest.raises(CheckpointError, match="do not have the shapes its config.json gives.*same model") as err:
+        load_model(_edit_config(tiny_llama_dir, tmp_path / "wider", hidden_size=32))
+    _one_line(err.value)
+    # transformers' own config checks (ZeroDivisionError, multi-line validation errors) become one line
+    with pytest.raises(ModelLoadError, match="cannot read the config.*fix config.json") as err:
+        load_model(_edit_config(tiny_llama_dir, tmp_path / "noheads", num_attention_heads=0))
+    _one_line(err.value)
+    (tmp_path / "wider" / "model.safetensors").unlink()  # was "the file is damaged or truncated"
+    with pytest.raises(ModelLoadError, match="no weights in .*save the model with model.save_pretrained"):
+        load_model(tmp_path / "wider")
+    (tmp_path / "deeper" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match="JSON list, not an object"):
+        load_model(tmp_path / "deeper")
+
+
+def test_options_and_tokenizers_are_checked_before_loading(tiny_llama_dir, tmp_path):
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.errors import TokenizerMissingError
+    from gather_aggregate.testing import tiny_llama
+
+    with pytest.raises(InputError, match=r"unknown option\(s\) \['hed_size'\].*head_size, max_memory"):
+        load_model(tiny_llama_dir, hed_size=2)
+    with pytest.raises(TokenizerMissingError, match="no such directory"):
+        load_model(tiny_llama_dir, tokenizer=str(tmp_path / "no" / "tok"))
+    with pytest.raises(InputError, match="tokenizer must be a tokenizer"):
+        load_model(tiny_llama_dir, tokenizer=3)
+    assert load_model(tiny_llama_dir, tokenizer=str(tiny_llama_dir)).to_tokens("apple").shape[0] == 1
+    hf, tok = tiny_llama()
+    for bad in ("my-model-dir", None, torch.nn.Linear(2, 2)):
+        with pytest.raises(InputError, match="in-memory transformers model.*use load_model"):
+            from_hf_model(bad)
+    with pytest.raises(InputError, match="tokenizer must be a tokenizer object"):
+        from_hf_model(hf, tokenizer="gpt2")
+
+
 def test_zoo_names_typos_and_missing_paths(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     zoo = list_zoo()
@@ -151,6 +198,59 @@ def test_metric_of_the_wrong_type_in_every_scan(llama_model, bad, needle):
         _one_line(err.value)
     with pytest.raises(GAError, match=needle):
         patch_heads(llama_model, tokens, tokens.flip(0), bad, heads=[(1, 0)])
+
+
+def test_scan_options_resume_files_and_scan_tables(llama_model, tmp_path):
+    from gather_aggregate.errors import ResumeMismatchError
+    from gather_aggregate.protocol import count_hooks
+    from gather_aggregate.scan import ScanResult
+
+    tokens = torch.randint(0, 50, (2, 6))
+    for bad, needle in ((0, "max_rows=0: pass a positive"), (-4, "max_rows=-4"), (2.5, "max_rows must be an integer")):
+        with pytest.raises(InputError, match=needle):  # each was accepted and ignored
+            exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], max_rows=bad, progress=False)
+    with pytest.raises(InputError, match="resume=True needs out=PATH"):  # was silently a fresh scan
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], resume=True, progress=False)
+    with pytest.raises(InputError, match="is a directory; pass a file path in it"):  # was IsADirectoryError
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=tmp_path, progress=False)
+    out = tmp_path / "scan.json"
+    for text in ("[]", '{"meta": 3, "rows": 5}', '{"meta": {}, "rows": [{"layer": 1}]}'):
+        out.write_text(text)  # valid JSON that is no scan table: was an AttributeError
+        with pytest.raises(ResumeMismatchError, match="not a scan table.*drop --resume") as err:
+            exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=out, resume=True, progress=False)
+        _one_line(err.value)
+        with pytest.raises(InputError, match="is not a scan table"):
+            ScanResult.load(out)
+    with pytest.raises(InputError, match="no scan file at"):  # was FileNotFoundError
+        ScanResult.load(tmp_path / "nope.json")
+    out.write_text("{oops")
+    with pytest.raises(InputError, match="not valid JSON"):  # was JSONDecodeError
+        ScanResult.load(out)
+    assert count_hooks(llama_model) == 0
+
+
+def test_hook_names_start_layers_and_detector_arguments(llama_model):
+    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.protocol import count_hooks, param_checksum
+    from gather_aggregate.tasks import evaluate, get_task
+
+    before = param_checksum(llama_model)
+    exs = get_task("kv", n_pairs=2).examples(llama_model.tokenizer, 2)
+    with pytest.raises(InputError, match="no hook named 'blocks.9.attn.hook_z'.*head_hook") as err:  # was KeyError
+        evaluate(llama_model, exs, fwd_hooks=[("blocks.9.attn.hook_z", lambda t, hook: t)])
+    _one_line(err.value)
+    with pytest.raises(InputError, match="must be \\(hook_name, fn\\) pairs"):
+        evaluate(llama_model, exs, fwd_hooks=["blocks.0.attn.hook_z"])
+    name = llama_model.head_hook(0)[0]
+    assert evaluate(llama_model, exs, fwd_hooks=[(name, lambda t, hook: t)]).accuracy == evaluate(llama_model,
+                                                                                                  exs).accuracy
+    with pytest.raises(InputError, match="start_at_layer must be an int"):  # was a TypeError comparing int and str
+        llama_model(torch.zeros(1, 3, 64), start_at_layer="1")
+    with pytest.raises(InputError, match="scan must be a ScanResult"):  # was AttributeError: no .scores
+        find_ga_heads(llama_model, exs, scan="scan.json")
+    with pytest.raises(InputError, match="max_candidates=0: pass a positive int"):  # was an empty, silent answer
+        find_ga_heads(llama_model, exs, max_candidates=0)
+    assert count_hooks(llama_model) == 0 and param_checksum(llama_model) == before
 
 
 def test_atp_needs_a_tensor_metric(llama_model):

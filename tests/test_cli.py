@@ -76,6 +76,14 @@ def test_report_from_results(results):
     assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?:", html)  # JS inlined, nothing fetched
 
 
+def test_report_names_a_result_file_it_cannot_read(tmp_path, capsys):
+    (tmp_path / "scan.json").write_text('{"meta": {}, "rows": [{"x": 1}]}')  # was "error (KeyError): 'layer'"
+    assert main(["report", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "report: error: scan.json is not a scan result" in err
+    assert "rerun the subcommand that wrote it" in err
+
+
 def test_zoo_list(capsys):
     from gather_aggregate.zoo import list_zoo
 
@@ -156,6 +164,7 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     (["scan", "--model", "M", "--n", "0"], "--n must be at least 1"),
     (["eval", "--task", "kv"], "the following arguments are required: --model"),
     (["zoo", "train", "--arch", "mamba"], "invalid choice: 'mamba'"),
+    (["pattern", "--model", "M", "--heads", ","], "no head indices given"),  # was every head, silently
 ])
 def test_option_values_are_checked_before_any_model_loads(argv, needle):
     # M does not exist: the error must be about the option, found before any loading

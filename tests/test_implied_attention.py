@@ -213,6 +213,25 @@ def test_pattern_bad_requests():
     m2 = load_ssm(tiny_hf_ssm("mamba2", seed=0))
     with pytest.raises(InputError, match="reduce"):
         m2.pattern(t, 0, reduce="mean")
+    with pytest.raises(InputError, match="option 'bogus' is not one layer 0's SSM takes.*dt_scaling") as err:
+        m2.pattern(t, 0, bogus=1)  # was a TypeError from deep inside the Mamba-2 implied attention
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("rows,needle", [
+    ([1.7], "row must be an integer, got 1.7"),  # was truncated to row 1
+    ("12", "rows must be an int, a list of ints"),  # was read as rows [1, 2]
+    (True, "rows must be an integer"),  # was row 1
+    (torch.tensor([3.0]), "integer query positions, got a torch.float32"),
+    (torch.ones(12, dtype=torch.bool), "not a mask"),
+    (torch.zeros(0, dtype=torch.long), "rows is empty"),
+])
+def test_pattern_rows_of_the_wrong_kind_are_refused(rows, needle):
+    m = load_ssm(tiny_hf_ssm("mamba2", seed=0))
+    t = torch.randint(0, 97, (1, 12))
+    with pytest.raises(InputError, match=needle):
+        m.pattern(t, 0, rows=rows)
+    assert m.pattern(t, 0, rows=[3, -1]).shape[2] == 2  # ints (negative from the end) still work
 
 
 def test_memory_budget_refuses_with_cheaper_requests():

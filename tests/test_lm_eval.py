@@ -236,3 +236,22 @@ def test_shipped_tasks_match_export(tmp_path):
     for f in sorted(TASKS.iterdir()):
         if f.suffix in (".json", ".yaml", ".py"):
             assert (tmp_path / f.name).read_text() == f.read_text(), f.name
+
+
+def test_bad_schedule_is_one_line_before_the_model_loads(tmp_path, capsys):
+    from gather_aggregate.cli import main
+
+    rc = main(["lm-eval", "--model", ZOO, "--tasks", "arc_easy", "--heads", "L0H2", "--schedule", "0,ten",
+               "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1  # was "error (ValueError): invalid literal for int()"
+    assert "lm-eval: error: --schedule '0,ten': pass head counts" in err and "e.g. --schedule 0,10,20,30" in err
+
+
+@pytest.mark.slow  # lm-eval indexes its ~14k task names (about 25 s here)
+def test_unknown_lm_eval_task_is_named_with_a_suggestion():
+    from gather_aggregate.errors import InputError
+    from gather_aggregate.lm_eval.schedule import run_table
+
+    with pytest.raises(InputError, match="unknown lm-eval task\\(s\\): 'arc_easyy' \\(did you mean 'arc_easy'\\?\\)"):
+        run_table(None, ["arc_easyy"], [])  # was lm-eval's KeyError, after every model forward was set up

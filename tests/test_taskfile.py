@@ -117,6 +117,36 @@ def test_empty_and_missing_files(tmp_path):
         read_task_file(tmp_path / "nope.jsonl")
 
 
+def test_duplicate_fields_byte_order_marks_unicode_separators_and_directories(tmp_path):
+    line = json.dumps(_line())
+    dup = line[:-1] + ', "answer": ' + json.dumps(_line()["candidates"][0]) + "}"  # json keeps the last: silent
+    with pytest.raises(TaskError, match=r"d\.jsonl line 2: field 'answer': appears twice in one object; keep one"):
+        read_task_file(_write(tmp_path, line, dup, name="d.jsonl"))
+    bom = tmp_path / "bom.jsonl"
+    bom.write_text(line + "\n", encoding="utf-8-sig")  # Windows editors write one; it was "not JSON"
+    assert read_task_file(bom).spec_list == read_task_file(_write(tmp_path, line)).spec_list
+    sep = _line(meta={"note": "a\u2028b\u2029c"})  # legal raw inside a JSON string; str.splitlines cut the line there
+    u = tmp_path / "u.jsonl"
+    u.write_text(json.dumps(sep, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_task_file(u).spec_list[0].meta == {"note": "a\u2028b\u2029c"}
+    with pytest.raises(InputError, match="is a directory; pass the JSONL file itself"):  # was "does not exist"
+        read_task_file(tmp_path)
+
+
+def test_task_counts_and_tokenizer_arguments_are_checked():
+    from gather_aggregate.tasks import get_task
+    from gather_aggregate.testing import bpe_tokenizer
+
+    kv = get_task("kv", n_pairs=2)
+    with pytest.raises(TaskError, match="n=2.5: ask for at least one prompt"):  # was a TypeError from range()
+        kv.specs(2.5)
+    with pytest.raises(TaskError, match=r"got int; call task\.examples\(model\.tokenizer, n\)"):
+        kv.examples(4)  # arguments swapped: was "'int' object is not callable" from inside the tokenizer call
+    with pytest.raises(TaskError, match="task 'kv' takes no option 'npairs'"):  # was a TypeError of KVRetrieval
+        get_task("kv", npairs=3)
+    assert len(kv.examples(bpe_tokenizer(), 2)) == 2
+
+
 def test_tokenizer_checks_name_line_and_field(tmp_path):
     """A candidate the tokenizer cannot read (<unk>) or two candidates with one first token are refused."""
     from gather_aggregate.tasks import word_level_tokenizer

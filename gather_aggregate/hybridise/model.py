@@ -192,7 +192,8 @@ def is_head_hybrid_dir(path: Any) -> bool:
     if not cfg.is_file():
         return False
     try:
-        return json.loads(cfg.read_text()).get("model_type") == MODEL_TYPE
+        raw = json.loads(cfg.read_text())
+        return isinstance(raw, dict) and raw.get("model_type") == MODEL_TYPE
     except (OSError, ValueError):
         return False
 

@@ -19,6 +19,7 @@ loaded once; each setting swaps only the hooks.
 from __future__ import annotations
 
 import argparse
+import difflib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,6 +103,13 @@ def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, In
     if bad:
         raise InputError(f"unknown format(s) {bad}; use completion and/or chat")
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    known = set(manager.all_tasks)
+    unknown = [t for t in tasks if t not in known and not Path(t).exists()]
+    if unknown:
+        near = {t: difflib.get_close_matches(t, known, n=1) for t in unknown}
+        hints = "; ".join(f"{t!r}" + (f" (did you mean {near[t][0]!r}?)" if near[t] else "") for t in unknown)
+        raise InputError(f"unknown lm-eval task(s): {hints}; `lm-eval ls tasks` lists them, and --include-path "
+                         "adds a directory of task YAMLs")
     rows: list[dict[str, Any]] = []
     for label, k, intervention in columns:
         model = lm.with_intervention(intervention)
@@ -184,7 +192,11 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
         export_tasks(model_dir, include, n=args.n, seed=args.seed)
     ranking = ranking_from(args.ranking) if args.ranking else parse_heads(args.heads, "heads")
     if args.schedule:
-        schedule = [int(x) for x in args.schedule.split(",") if x.strip()]
+        parts = [x.strip() for x in args.schedule.split(",") if x.strip()]
+        if not parts or not all(x.isdigit() for x in parts):
+            raise InputError(f"--schedule {args.schedule!r}: pass head counts to remove, comma separated non-negative "
+                             "whole numbers, e.g. --schedule 0,10,20,30")
+        schedule = [int(x) for x in parts]
     else:
         schedule = [0, 10, 20, 30] if args.ranking else [0, len(ranking)]
     lm = GatherAggregateLM(pretrained=model_dir, device=args.device, batch_size=args.batch_size,

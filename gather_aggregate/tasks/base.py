@@ -149,6 +149,16 @@ class Task(Protocol):
     def examples(self, tokenizer: Any, n: int = ..., *, seed: int = 0) -> list[Example]: ...
 
 
+def check_count(n: Any, what: str = "prompt") -> int:
+    """``n`` of a task's ``specs``/``examples``: a positive int (a float such as 2.5 or a bool is refused, not
+    truncated)."""
+    from gather_aggregate.indices import is_index
+
+    if not is_index(n) or int(n) < 1:
+        raise TaskError(f"n={n!r}: ask for at least one {what} (a positive whole number)")
+    return int(n)
+
+
 class IndexedTask:
     """A :class:`Task` whose prompt ``i`` comes from ``spec(i, seed=...)`` alone (KV, MQAR): ``specs`` and
     ``examples`` follow from it."""
@@ -159,9 +169,7 @@ class IndexedTask:
         raise NotImplementedError
 
     def specs(self, n: int = 64, *, seed: int = 0) -> list[PromptSpec]:
-        if n < 1:
-            raise TaskError(f"n={n}: ask for at least one prompt")
-        return [self.spec(i, seed=seed) for i in range(n)]
+        return [self.spec(i, seed=seed) for i in range(check_count(n))]
 
     def examples(self, tokenizer: Any, n: int = 64, *, seed: int = 0) -> list[Example]:
         return [annotate(s, tokenizer) for s in self.specs(n, seed=seed)]
@@ -276,8 +284,9 @@ def _candidate_ids(spec: PromptSpec, tokenizer: Any, ids: list[int], unk: int | 
 
 def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     """Tokenise ``spec`` with ``tokenizer`` and turn character spans into token spans."""
-    if tokenizer is None:
-        raise TaskError("a tokenizer is needed to build examples; pass model.tokenizer")
+    if tokenizer is None or not callable(tokenizer):
+        raise TaskError(f"a tokenizer is needed to build examples, got {type(tokenizer).__name__}; call "
+                        "task.examples(model.tokenizer, n)")
     enc = _encode(tokenizer, spec.prompt, offsets=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]

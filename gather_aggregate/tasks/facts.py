@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from gather_aggregate.errors import TaskError
 from gather_aggregate.io import read_json
-from gather_aggregate.tasks.base import Example, PromptSpec, annotate
+from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 
 FactFormat = Literal["letter", "content", "knowledge"]
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -232,8 +232,7 @@ class FactsTask:
         ents = list(self.world.entities)
         if n is None:
             return ents
-        if n < 1:
-            raise TaskError(f"n={n}: ask for at least one question")
+        n = check_count(n, "question")
         order = ents[:]
         random.Random(seed).shuffle(order)
         return [order[i % len(order)] for i in range(n)]

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gather_aggregate.errors import TaskError
-from gather_aggregate.tasks.base import Example, PromptSpec, annotate
+from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 from gather_aggregate.tasks.facts import LETTERS
 
 SAMPLE_PATH = Path(__file__).resolve().parent / "data" / "mmlu_sample.json"
@@ -284,8 +284,7 @@ class MMLUTask:
         if n is None:
             order = list(range(len(qs)))
         else:
-            if n < 1:
-                raise TaskError(f"n={n}: ask for at least one question")
+            n = check_count(n, "question")
             perm = list(range(len(qs)))
             random.Random(f"mmlu-order:{seed}").shuffle(perm)
             order = [perm[i % len(perm)] for i in range(n)]

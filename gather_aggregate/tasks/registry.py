@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -123,7 +124,14 @@ def get_task(name: str, *, model_dir: str | os.PathLike[str] | None = None, **kw
     """
     key = _canonical(name)
     cfg = read_zoo_tasks(model_dir) if model_dir is not None else {}
-    return TASKS[key](cfg, None if model_dir is None else Path(model_dir), **kwargs)
+    try:
+        return TASKS[key](cfg, None if model_dir is None else Path(model_dir), **kwargs)
+    except TypeError as exc:  # a keyword the task class does not take
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if not (bad and bad.group(1) in kwargs):
+            raise
+        raise TaskError(f"task {key!r} takes no option {bad.group(1)!r}; see help(get_task) and the task class's "
+                        "docstring for its options (e.g. n_pairs= for kv)") from None
 
 
 def for_model_dir(model_dir: str | os.PathLike[str], **kwargs: Any) -> dict[str, Task]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import GAError, InputError, TaskError
-from gather_aggregate.tasks.base import Example, PromptSpec, annotate
+from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 
 FIELDS = ("prompt", "segments", "correct", "candidates", "answer", "required", "meta")
 REQUIRED_FIELDS = ("prompt", "segments", "correct", "candidates", "answer")
@@ -201,9 +201,7 @@ class FileTask:
         self.name = self.name or self.path.name
 
     def specs(self, n: int = 64, *, seed: int = 0) -> list[PromptSpec]:
-        if n < 1:
-            raise TaskError(f"n={n}: ask for at least one prompt")
-        return self.spec_list[:n]
+        return self.spec_list[:check_count(n)]
 
     def examples(self, tokenizer: Any, n: int = 64, *, seed: int = 0) -> list[Example]:
         out = []
@@ -217,24 +215,39 @@ class FileTask:
         return out
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct (``json`` would keep the last of two ``answer`` fields silently)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _LineError(repr(key), "appears twice in one object; keep one")
+        seen[key] = value
+    return seen
+
+
 def read_task_file(path: str | os.PathLike[str]) -> FileTask:
     """Read and check a task file (every check that needs no tokenizer); errors name the line and field."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"task file {str(p)!r} is a directory; pass the JSONL file itself (format: docs/tasks.md)")
     if not p.is_file():
         raise InputError(f"task file {str(p)!r} does not exist; pass a JSONL file (format: docs/tasks.md)")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not part of the JSON
     except UnicodeDecodeError as exc:
         raise TaskError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start}); save the file as UTF-8") from None
     specs, lines = [], []
-    for k, line in enumerate(text.splitlines(), start=1):
+    # JSON Lines are separated by \n only: str.splitlines would also cut at U+2028 etc., legal inside JSON strings
+    for k, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as exc:
             raise TaskError(f"{p} line {k}: not JSON ({exc.msg} at column {exc.colno}); write one JSON object "
                             "per line") from None
+        except _LineError as exc:
+            raise TaskError(f"{p} line {k}: {exc}") from None
         try:
             specs.append(parse_line(obj))
         except _LineError as exc:
