@@ -231,7 +231,10 @@ def _check_options(kwargs: dict[str, Any]) -> None:
 
 
 def _user_tokenizer(tokenizer: Any) -> Any:
-    """``tokenizer=``: a tokenizer object, or a directory / hub name to load one from (checked now, not at first use)."""
+    """``tokenizer=``: a tokenizer object, a directory / hub name to load one from (checked now, not at first use),
+    or ``False``: none (the checkpoint's own tokenizer files are not read)."""
+    if tokenizer is False:
+        return tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
         source = str(Path(tokenizer).expanduser())
         if not Path(source).exists() and _looks_like_path(str(tokenizer)):
@@ -256,7 +259,8 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
             the index's ``metadata.dtype``, else the stored weights' dtype.
         device_map: accelerate-style placement, ``"auto"`` or ``{module name: device}`` (needs the
             ``[accelerate]`` extra); SSM/hybrid parameters are read straight onto their devices.
-        tokenizer: use this tokenizer instead of the one saved with the model.
+        tokenizer: use this tokenizer (an object, or a directory to load it from) instead of the one saved with
+            the model; ``False``: load no tokenizer (weights-only checks; the model then tokenises nothing).
         **kwargs: passed to the SSM adapters (e.g. ``head_size=`` for Mamba-1 channel groups; without it a
             Mamba-1 checkpoint's ``ga_head_size`` config key, else one channel per head).
     """
