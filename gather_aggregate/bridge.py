@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.errors import InputError, UnsupportedModelError
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, gather_rows, resolve_rows
 
 
 def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, tokenizer: Any) -> Any:
@@ -321,12 +321,14 @@ class BridgeModel(ProtocolMixin):
         return self.module.run_with_cache(tokens, *args, **kwargs)
 
     def run_with_hooks(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
+        check_hook_names(self, [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())])
         if kwargs.get("start_at_layer") is None:
             tokens = self.validate_tokens(tokens)
         return self.module.run_with_hooks(tokens, *args, **kwargs)
 
     def hooks(self, fwd_hooks: Sequence[tuple[Any, Any]] = (), bwd_hooks: Sequence[tuple[Any, Any]] = (),
               **kwargs: Any) -> Any:
+        check_hook_names(self, [*fwd_hooks, *bwd_hooks])
         return self.module.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
 
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:

@@ -253,6 +253,31 @@ def test_hook_names_start_layers_and_detector_arguments(llama_model):
     assert count_hooks(llama_model) == 0 and param_checksum(llama_model) == before
 
 
+def test_run_with_hooks_and_hooks_refuse_unknown_hook_names_on_every_kind_of_model(llama_model):
+    """TransformerLens raises a bare ``KeyError`` for a hook name the model lacks; the hooked models (bridge and our
+    SSMs) say which names to use, in ``run_with_hooks`` and ``hooks`` alike; a name filter still passes."""
+    from gather_aggregate.adapters import load_ssm
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.protocol import count_hooks
+
+    for model in (llama_model, load_ssm(tiny_hf_ssm("mamba2", seed=0))):
+        toks = torch.randint(0, 50, (1, 5))
+        bad = [("blocks.9.hook_nope", lambda t, hook: t)]
+        with pytest.raises(InputError, match="no hook named 'blocks.9.hook_nope'.*head_hook") as err:
+            model.run_with_hooks(toks, fwd_hooks=bad)
+        _one_line(err.value)
+        with pytest.raises(InputError, match="no hook named"):
+            with model.hooks(fwd_hooks=bad):
+                pass
+        with pytest.raises(InputError, match="no hook named"):
+            model.run_with_hooks(toks, bwd_hooks=bad)
+        seen = []
+        out = model.run_with_hooks(toks, fwd_hooks=[(lambda n: n.endswith("hook_resid_pre"),
+                                                     lambda t, hook, seen=seen: seen.append(hook.name))])
+        torch.testing.assert_close(out, model(toks))
+        assert len(seen) == model.n_layers and count_hooks(model) == 0
+
+
 def test_atp_needs_a_tensor_metric(llama_model):
     tokens = torch.randint(0, 50, (2, 6))
     with pytest.raises(InputError, match="AtP needs the metric to return a tensor"):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gather_aggregate.errors import InputError, TaskError
-from gather_aggregate.protocol import HookedModel, pad_id_of
+from gather_aggregate.protocol import HookedModel, check_hook_names, pad_id_of
 from gather_aggregate.tasks.base import Batch, Example, check_context, collate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,25 +141,9 @@ def _logits(model: HookedModel, tokens: Tensor) -> Tensor:
     return out
 
 
-def _check_hook_names(model: HookedModel, hooks: list[Any]) -> None:
-    """Every named hook exists on the model (TransformerLens raises a bare ``KeyError`` otherwise)."""
-    names = getattr(model, "hook_dict", None)
-    if names is None:
-        names = getattr(getattr(model, "module", None), "hook_dict", None)
-    if not isinstance(names, dict):
-        return
-    for item in hooks:
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise InputError(f"fwd_hooks must be (hook_name, fn) pairs, got {item!r}")
-        if isinstance(item[0], str) and item[0] not in names:
-            raise InputError(f"no hook named {item[0]!r} on this model; use its own names, e.g. "
-                             f"model.head_hook(layer)[0] or model.resid_hook(layer) ({len(names)} hooks in "
-                             "model.hook_dict)")
-
-
 def _forward(model: HookedModel, batch: Batch, fwd_hooks: Hooks | HookFactory) -> Tensor:
     hooks = list(fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks)
-    _check_hook_names(model, hooks)
+    check_hook_names(model, hooks)
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
         return _logits(model, batch.tokens)
