@@ -105,13 +105,15 @@ def pattern_changes(model: HookedModel, resid: dict[int, Tensor], patterns: dict
     of ``attn_layers`` above it: ``Δr = Δ_h @ W[:, h]ᵀ`` ``[heads, batch, pos, d_model]`` (the direct residual
     change) and ``ΔA = A_l(r_l + Δr) - A_l(r_l)`` ``[heads, batch, ...pattern]``, each head a stacked copy of
     the batch (at most ``max_rows`` rows per recomputation).  Heads of a layer without
-    :meth:`~gather_aggregate.protocol.HookedModel.mixer_resume` are skipped.  ``qk_layers=n``: only the first
+    :meth:`~gather_aggregate.protocol.HookedModel.mixer_resume`, or whose mixer output is normalised before it
+    joins the residual (``model.mixer_normed(layer)``: Gemma 2/3, OLMo-2), are skipped.  ``qk_layers=n``: only the first
     ``n`` attention layers above each head (the approximation that keeps the cost near one attention layer per
     head: the patterns further up keep their linear term)."""
     for layer, hs in by_layer.items():
         spec = model.mixer_resume(layer)
         above = [la for la in attn_layers if la > layer][:qk_layers]
-        if spec is None or not above:
+        normed = getattr(model, "mixer_normed", None)  # a norm between mixer and residual: Δr is not Δ_h @ Wᵀ
+        if spec is None or not above or (normed is not None and normed(layer)):
             continue
         w_out = spec[1].detach()
         axis = model.head_hook(layer)[1]

@@ -220,36 +220,95 @@ class BridgeModel(ProtocolMixin):
             for layer in layers:
                 layer.__dict__.pop("forward", None)
 
-    def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
-        """Sequential pre-norm blocks (``r += attn(ln1(r)); r += mlp(ln2(r))``) only; parallel attention+MLP
-        blocks (GPT-J, NeoX, Phi) return ``None``.  The exact scan also checks the resumed clean run against
-        the clean logits before it relies on this (architectures with extra norms around the attention)."""
-        info = self.check_layer(layer)
-        block = self.module.blocks[info.index]
-        if getattr(self.cfg, "parallel_attn_mlp", False) or not all(hasattr(block, n) for n in ("ln2", "mlp")):
+    def _block_form(self, layer: int) -> str | None:
+        """How block ``layer`` adds its attention ``a`` and MLP to the residual ``r``, for the forms checked against
+        HF (``tests/test_transformer_families.py``); ``None`` for any other:
+
+        * ``"sequential"`` (GPT-2, Llama, Qwen, Mistral, NeoX with ``use_parallel_residual=False`` ...):
+          ``r += a(ln1(r)); r += mlp(ln2(r))``;
+        * ``"parallel"``, one shared input norm (GPT-J, Phi, Falcon-7B's layout, Cohere):
+          ``r = r + a(ln1(r)) + mlp(ln1(r))``;
+        * ``"parallel_ln2"``, a second norm of the same input (GPT-NeoX/Pythia's ``use_parallel_residual``):
+          ``r = r + a(ln1(r)) + mlp(ln2(r))``;
+        * ``"post_norm"``, norms after the attention and the MLP (Gemma 2/3; OLMo-2, whose ``ln1``/``ln2`` are
+          absent, i.e. the identity): ``r += ln1_post(a(ln1(r))); r += ln2_post(mlp(ln2(r)))``.
+        """
+        block = self.module.blocks[layer]
+        hf_layer = getattr(block, "original_component", None)
+        config = getattr(hf_layer, "config", None) or getattr(getattr(self.module, "original_model", None),
+                                                              "config", None)
+        kind = type(hf_layer).__name__
+        mlp_ok = hasattr(block, "mlp") and getattr(block.mlp, "name", "") is not None and _required_args(
+            getattr(block.mlp, "original_component", None)) <= 1  # not Bloom's MLP, which adds the residual itself
+        if not mlp_ok:
+            return None  # also a containerless bridge (OPT's fc1/fc2 sit on the layer): its MLP cannot run alone
+        if getattr(self.cfg, "parallel_attn_mlp", False):
+            if kind == "GPTNeoXLayer" and getattr(config, "use_parallel_residual", False) and hasattr(block, "ln2"):
+                return "parallel_ln2"
+            if kind == "FalconDecoderLayer" and (getattr(config, "new_decoder_architecture", True)
+                                                 or not getattr(config, "parallel_attn", False)):
+                return None  # Falcon-40B's layout (separate attention and MLP norms): not checked here
+            if kind in ("GPTJBlock", "PhiDecoderLayer", "FalconDecoderLayer", "CohereDecoderLayer",
+                        "Cohere2DecoderLayer") and hasattr(block, "ln1") and not hasattr(block, "ln2"):
+                return "parallel"
             return None
-        if any(getattr(getattr(block, n), "name", "") is None for n in ("ln2", "mlp")):
-            return None  # a containerless bridge (OPT's fc1/fc2 sit on the layer): it cannot run on its own
-        if _required_args(getattr(block.mlp, "original_component", None)) > 1:
-            return None  # an MLP that takes more than the hidden state (Bloom's adds the residual itself)
-        w_o = block.attn.W_O  # [head, d_head, d_model]
-        return f"blocks.{info.index}.hook_attn_out", w_o.reshape(-1, w_o.shape[-1]).T
+        if kind in ("Gemma2DecoderLayer", "Gemma3DecoderLayer", "Olmo2DecoderLayer"):
+            norms = ("ln1_post", "ln2_post") + (("ln1", "ln2") if kind != "Olmo2DecoderLayer" else ())
+            return "post_norm" if all(hasattr(block, n) for n in norms) else None
+        if any(hasattr(block, n) for n in ("ln1_post", "ln2_post")) or not hasattr(block, "ln2") or getattr(
+                block.ln2, "name", "") is None:
+            return None
+        return "sequential"
+
+    def mixer_resume(self, layer: int) -> tuple[str, Tensor] | None:
+        """The attention output as the output projection gives it (``blocks.L.hook_attn_out``; for post-norm
+        blocks ``blocks.L.ln1_post.hook_in``, before the norm) and ``W_O``, for the block forms of
+        :meth:`_block_form`; ``None`` for any other.  The exact scan also checks the resumed clean run against
+        the clean logits before it relies on this."""
+        info = self.check_layer(layer)
+        form = self._block_form(info.index)
+        if form is None:
+            return None
+        w_o = self.module.blocks[info.index].attn.W_O  # [head, d_head, d_model]
+        hook = "ln1_post.hook_in" if form == "post_norm" else "hook_attn_out"
+        return f"blocks.{info.index}.{hook}", w_o.reshape(-1, w_o.shape[-1]).T
+
+    def mixer_normed(self, layer: int) -> bool:
+        """Whether :meth:`mixer_resume`'s attention output passes a norm before it joins the residual (post-norm
+        blocks): then a head's residual change is not ``Δz_h @ W[:, h]ᵀ`` (AtP*'s QK fix skips such layers)."""
+        return self._block_form(self.check_layer(layer).index) == "post_norm"
 
     def resume_after_mixer(self, resid_pre: Tensor, mixer_out: Tensor, layer: int) -> Tensor:
-        if self.mixer_resume(layer) is None:
-            raise InputError(f"layer {layer} of {self.name!r} cannot be resumed after its attention (parallel "
-                             "attention and MLP); resume from the layer's input with start_at_layer instead")
+        """Logits from the residual entering ``layer`` and its attention output (of :meth:`mixer_resume`'s hook):
+        the rest of the block in its :meth:`_block_form`, then the layers above.  In a parallel block the MLP
+        reads the block's input, so it runs on ``resid_pre``, as in the block itself."""
         L = self.check_layer(layer).index
+        form = self._block_form(L)
+        if form is None:
+            raise InputError(f"layer {layer} of {self.name!r} cannot be resumed after its attention (a block form "
+                             "not checked against HF); resume from the layer's input with start_at_layer instead")
         self._check_resume(resid_pre, L)
         block = self.module.blocks[L]
-        resid = resid_pre + mixer_out
-        mlp_out = block.mlp(block.ln2(resid))
-        if isinstance(mlp_out, tuple):  # a mixture of experts also returns its router scores (GPT-OSS)
-            mlp_out = mlp_out[0]
-        resid = resid + mlp_out
+
+        def mlp(x: Tensor) -> Tensor:
+            out = block.mlp(x)
+            return out[0] if isinstance(out, tuple) else out  # a mixture of experts also returns router scores
+
+        if form == "parallel":
+            resid = resid_pre + mixer_out + mlp(block.ln1(resid_pre))
+        elif form == "parallel_ln2":
+            resid = resid_pre + mixer_out + mlp(block.ln2(resid_pre))
+        elif form == "post_norm":
+            resid = resid_pre + block.ln1_post(mixer_out)
+            resid = resid + block.ln2_post(mlp(block.ln2(resid) if hasattr(block, "ln2") else resid))
+        else:
+            resid = resid_pre + mixer_out
+            resid = resid + mlp(block.ln2(resid))
         if L + 1 < self.n_layers:
             return self.forward(resid, start_at_layer=L + 1)
-        return self.module.unembed(self.module.ln_final(resid))
+        logits = self.module.unembed(self.module.ln_final(resid))
+        adapter = getattr(self.module, "adapter", None)  # the final soft-cap (Gemma 2) or logit scale (Cohere)
+        return logits if adapter is None else adapter.apply_output_logits_transform(logits)
 
     def mixer_at_rows(self, resid_pre: Tensor, rows: Tensor, layer: int) -> Tensor | None:
         """Attention output of ``layer`` at query positions ``rows`` (``[batch, k]``) only, from the layer's input:
