@@ -6,10 +6,11 @@ that starts from cached activations instead of the tokens.
 
 Two ways to resume, chosen per layer by :func:`plan`:
 
-* **inside the layer** (``model.mixer_resume(layer)``: our SSMs and hybrids,
-  sequential pre-norm transformer blocks).  A head reaches the residual stream
-  only through its columns ``W[:, h]`` of the layer's output projection, so
-  replacing its output ``z_h`` by ``z'_h`` adds exactly
+* **inside the layer** (``model.mixer_resume(layer)``: our SSMs and hybrids;
+  sequential, parallel and post-norm transformer blocks).  A head reaches the
+  layer's mixer output (before any norm after the mixer) only through its
+  columns ``W[:, h]`` of the output projection, so replacing its output ``z_h``
+  by ``z'_h`` adds exactly
 
       Δ = (z'_h − z_h) @ W[:, h]ᵀ
 
@@ -88,8 +89,8 @@ def cache_names(model: HookedModel, plan_: Plan) -> list[str]:
 def verify(model: HookedModel, cache: Any, plan_: Plan, logits: Tensor) -> Plan:
     """Keep a layer's inside-the-layer resume only if, on the first prompt of the cached run, resuming there gives
     that run's ``logits`` and the head outputs times the out-projection give the mixer output up to a constant
-    (the bias).  A layer that fails (say, an architecture with a norm after its attention) falls back to
-    resuming from its input.  (One prompt: these checks are about the architecture, and their cost is mostly
+    (the bias).  A layer that fails (say, a mixer hook taken after a norm, or a block form resumed wrongly) falls
+    back to resuming from its input.  (One prompt: these checks are about the architecture, and their cost is mostly
     per call, so every one saved is a few percent of a small model's scan.)"""
     out: Plan = {}
     for layer, spec in plan_.items():
