@@ -57,6 +57,10 @@ def tiny_gpt2(*, seed: int = 0, tokenizer: Any = None, **overrides: Any) -> tupl
     return GPT2LMHeadModel(GPT2Config(**cfg)).eval(), tok
 
 
+#: the shared shape of the grouped-query families below: 2 layers, width 64, 4 query heads over 2 key/value heads
+_GQA: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2)
+
 #: Tiny configs of common decoder families (2 layers, width 64, 4 query heads; GQA, sliding windows, soft-capping,
 #: q/k norms, biases, partial or interleaved rotary, experts, attention sinks where the family has them): ``family -> (config class, model class, kwargs)``.
 TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -64,29 +68,17 @@ TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, rotary_pct=0.25,
         max_position_embeddings=128)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, max_position_embeddings=128)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(**_GQA, max_position_embeddings=128)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(**_GQA, head_dim=16, max_position_embeddings=128)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, sliding_window=4, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
+        **_GQA, head_dim=16, sliding_window=4, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
         final_logit_softcapping=3.0, max_position_embeddings=128)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, sliding_window=4, query_pre_attn_scalar=16, max_position_embeddings=128,
+        **_GQA, head_dim=16, sliding_window=4, query_pre_attn_scalar=16, max_position_embeddings=128,
         layer_types=["sliding_attention", "full_attention"])),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        sliding_window=4, max_position_embeddings=128)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, pad_token_id=0)),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, pad_token_id=0)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(**_GQA, sliding_window=4, max_position_embeddings=128)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(**_GQA, max_position_embeddings=128, pad_token_id=0)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(**_GQA, max_position_embeddings=128, pad_token_id=0)),
     "opt": ("OPTConfig", "OPTForCausalLM", dict(
         hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
         word_embed_proj_dim=64, pad_token_id=0)),
@@ -95,21 +87,17 @@ TINY_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, partial_rotary_factor=0.5,
         max_position_embeddings=128)),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4, max_position_embeddings=128,
+        **_GQA, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4, max_position_embeddings=128,
         layer_types=["sliding_attention", "full_attention"])),
     "falcon": ("FalconConfig", "FalconForCausalLM", dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, multi_query=True, parallel_attn=True,
         new_decoder_architecture=False, bias=False)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        partial_rotary_factor=0.25, use_qkv_bias=True, max_position_embeddings=128)),
+        **_GQA, partial_rotary_factor=0.25, use_qkv_bias=True, max_position_embeddings=128)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        sliding_window=4, max_position_embeddings=128)),
+        **_GQA, sliding_window=4, max_position_embeddings=128)),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        sliding_window=4, max_position_embeddings=128, layer_types=["sliding_attention", "full_attention"])),
+        **_GQA, sliding_window=4, max_position_embeddings=128, layer_types=["sliding_attention", "full_attention"])),
 }
 
 
