@@ -52,7 +52,7 @@ from gather_aggregate.attribution_paths import (
     probe_terms,
     readout_logit_changes,
 )
-from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.protocol import Head, HookedModel, hook_dict_of
 
 
 class _Stop(Exception):
@@ -61,10 +61,7 @@ class _Stop(Exception):
 
 def _pattern_hook(model: HookedModel, layer: int) -> str | None:
     name = f"blocks.{layer}.attn.hook_pattern"
-    hook_dict = getattr(model, "hook_dict", None)
-    if hook_dict is None:
-        hook_dict = getattr(getattr(model, "module", None), "hook_dict", {})
-    return name if model.layers[layer].kind == "attn" and name in hook_dict else None
+    return name if model.layers[layer].kind == "attn" and name in (hook_dict_of(model) or {}) else None
 
 
 def pattern_from_resid(model: HookedModel, layer: int, resid: Tensor, *, grad: bool = False) -> Tensor:

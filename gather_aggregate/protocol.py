@@ -451,21 +451,25 @@ def param_checksum(model: torch.nn.Module | HookedModel) -> str:
     return h.hexdigest()
 
 
-def check_hook_names(model: Any, hooks: Sequence[Any]) -> None:
-    """Every ``(name, fn)`` pair of ``hooks`` names a hook point of ``model`` (a name filter, i.e. a callable,
-    passes): one :class:`InputError` instead of TransformerLens' bare ``KeyError``."""
+def hook_dict_of(model: Any) -> dict[str, Any] | None:
+    """The model's TransformerLens ``hook_dict`` (its own, or its wrapped ``module``'s); ``None`` without one."""
     names = getattr(model, "hook_dict", None)
     if names is None:
         names = getattr(getattr(model, "module", None), "hook_dict", None)
-    if not isinstance(names, dict):
+    return names if isinstance(names, dict) else None
+
+
+def check_hook_names(model: Any, hooks: Sequence[Any]) -> None:
+    """Every ``(name, fn)`` of ``hooks`` names a hook point of ``model`` (a callable name filter passes)."""
+    names = hook_dict_of(model)
+    if names is None:
         return
     for item in hooks:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise InputError(f"hooks must be (hook_name, fn) pairs, got {item!r}")
         if isinstance(item[0], str) and item[0] not in names:
-            raise InputError(f"no hook named {item[0]!r} on this model; use its own names, e.g. "
-                             f"model.head_hook(layer)[0] or model.resid_hook(layer) ({len(names)} hooks in "
-                             "model.hook_dict)")
+            raise InputError(f"no hook named {item[0]!r} on this model; use its own names, e.g. model.head_hook(layer)"
+                             f"[0] or model.resid_hook(layer) ({len(names)} hooks in model.hook_dict)")
 
 
 def count_hooks(model: torch.nn.Module | HookedModel) -> int:
