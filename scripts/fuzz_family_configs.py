@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                 except AssertionError as e:
                     bad += 1
                     found = re.search(r"Greatest absolute difference: ([0-9.e+-]+)", str(e))
-                    what = f"max abs diff {float(found.group(1)):.1e}" if found else " ".join(str(e).split())[:200]
+                    where = re.search(r"Mismatched elements: (\d+ / \d+)", str(e))
+                    what = (f"max abs diff {float(found.group(1)):.1e} ({where.group(1) if where else '?'} logits over)"
+                            if found else " ".join(str(e).split())[:200])
                     print(f"{suite.__name__} seed {seed}: {what}; from float64: {distances(suite, hf, toks)}",
                           flush=True)
             failed += bad
