@@ -9,7 +9,9 @@ For each model (the zoo and, with ``--fixtures``, the detector's fresh models on
 shortlist that holds
 
 * **top-1 / top-3 / top-5:** the exact scan's 1, 3, 5 largest drops;
-* **≥ 10 %:** every head whose exact drop is at least 10 % of the largest,
+* **≥ 10 %:** every head whose exact drop is at least 10 % of the largest;
+* **> 2 SE:** every head whose exact drop exceeds two standard errors over the prompts
+  (``ScanResult.significant()``): the heads the exact scan tells apart from prompt-to-prompt noise,
 
 as ``m`` (heads), when the shortlist takes the ``m`` largest estimates by magnitude ``|ĉ|`` (what ``verify=m``
 and ``ScanResult.top(m, by="magnitude")`` take) and, in the second table, by signed score (``ScanResult.top(m)``:
@@ -28,18 +30,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
 #: what the shortlist must hold: label -> heads of the exact scan
-TARGETS = ("top-1", "top-3", "top-5", "≥ 10 %")
+TARGETS = ("top-1", "top-3", "top-5", "≥ 10 %", "> 2 SE")
 
 
-def needed(exact: dict, est: dict, by: str) -> dict[str, int]:
+def needed(exact: dict, est: dict, by: str, significant: list) -> dict[str, int]:
     """Shortest ``m`` such that the estimator's top ``m`` (``by="magnitude"`` of the estimate, or ``"signed"``) holds
-    each target set of the exact scan (``exact``/``est``: head -> score; ties broken by head index)."""
+    each target set of the exact scan (``exact``/``est``: head -> score; ties broken by head index;
+    ``significant``: the exact scan's heads above two standard errors)."""
     key = (lambda hd: (-abs(est[hd]), hd)) if by == "magnitude" else (lambda hd: (-est[hd], hd))
     position = {hd: i + 1 for i, hd in enumerate(sorted(est, key=key))}
     by_exact = sorted(exact, key=lambda hd: (-exact[hd], hd))
     best = exact[by_exact[0]]
     sets = {"top-1": by_exact[:1], "top-3": by_exact[:3], "top-5": by_exact[:5],
-            "≥ 10 %": [hd for hd in by_exact if best > 0 and exact[hd] >= 0.1 * best]}
+            "≥ 10 %": [hd for hd in by_exact if best > 0 and exact[hd] >= 0.1 * best], "> 2 SE": significant}
     return {label: max(position[hd] for hd in heads) if heads else 0 for label, heads in sets.items()}
 
 
@@ -52,15 +55,16 @@ def bench(name: str, path, n: int, steps: int, fixture: bool) -> dict:
 
     model, _, tokens, metric = fixture_setup(path, n, "logprob") if fixture else kv_setup(name, n, None, 1, path,
                                                                                          "logprob")
-    exact = exact_scan(model, tokens, metric, progress=False).scores()
+    scan = exact_scan(model, tokens, metric, progress=False)
+    exact, significant = scan.scores(), scan.significant(z=2.0)
     methods = {"AtP": dict(estimator="atp"), "AtP*": dict(estimator="atp*"),
                f"IG k={steps}": dict(estimator="ig", steps=steps), "AtP-softmax": dict(estimator="atp-softmax"),
                "AtP*-softmax": dict(estimator="atp*-softmax")}
-    row = {"model": name, "heads": len(exact), "methods": {}}
+    row = {"model": name, "heads": len(exact), "significant": len(significant), "methods": {}}
     top = max(exact, key=lambda hd: (exact[hd], hd))
     for label, kw in methods.items():
         est = attribution_scan(model, tokens, metric, **kw).scores()
-        row["methods"][label] = {by: needed(exact, est, by) for by in ("magnitude", "signed")}
+        row["methods"][label] = {by: needed(exact, est, by, significant) for by in ("magnitude", "signed")}
         if label == "AtP":  # how the exact top head stands out by |AtP|
             row["atp_top"] = (top, exact[top], est[top], max(abs(v) for hd, v in est.items() if hd != top))
     return row
@@ -91,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         labels = list(rows[0]["methods"])
         print(f"\nShortlist by {'|estimate|' if by == 'magnitude' else 'signed estimate'}: heads needed to hold the "
               f"exact scan's {' / '.join(TARGETS)}\n")
-        print("| model | heads | " + " | ".join(labels) + " |")
-        print("|---|---|" + "---|" * len(labels))
+        print("| model | heads | > 2 SE | " + " | ".join(labels) + " |")
+        print("|---|---|---|" + "---|" * len(labels))
         for r in rows:
             cells = [" / ".join(str(v) for v in r["methods"][lab][by].values()) for lab in labels]
-            print(f"| {r['model']} | {r['heads']} | " + " | ".join(cells) + " |")
+            print(f"| {r['model']} | {r['heads']} | {r['significant']} | " + " | ".join(cells) + " |")
         worst = {lab: max(r["methods"][lab][by]["top-5"] / r["heads"] for r in rows) for lab in labels}
         print("\nlongest shortlist for the top-5, as a share of the model's heads: "
               + "; ".join(f"{lab} {w:.0%}" for lab, w in worst.items()))

@@ -11,6 +11,11 @@ selected rows, so a ``ReadoutMetric`` works wherever a plain
 
     >>> m = ReadoutMetric(lambda la: la[:, 0, answer_id].mean(), positions=-1)   # last position
     >>> m = ReadoutMetric(fn, positions=batch.query_pos[:, None])                # one position per prompt
+    >>> m = ReadoutMetric.mean_of(per_prompt, positions=-1)    # per_prompt(logits_at) -> [batch]; m is its mean
+
+A metric built with :meth:`ReadoutMetric.mean_of` also gives one value per
+prompt, so the exact scan can report each head's standard error over the
+prompts (``stderr``) beside its drop.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class ReadoutMetric:
     from the end), or an integer tensor ``[batch]`` / ``[batch, k]``.
     """
 
+    #: ``per_prompt(logits_at) -> [batch]`` whose mean is the metric (set by :meth:`mean_of`), else None
+    per_prompt: Callable[[Tensor], Tensor] | None = None
+
     def __init__(self, fn: Callable[[Tensor], Tensor], positions: int | Tensor) -> None:
         if isinstance(positions, Tensor):
             if positions.is_floating_point() or positions.dim() not in (1, 2):
@@ -43,6 +51,34 @@ class ReadoutMetric:
         self.fn = fn
         self.positions = positions
         self.__qualname__ = f"ReadoutMetric.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+    @classmethod
+    def mean_of(cls, per_prompt: Callable[[Tensor], Tensor], positions: int | Tensor) -> ReadoutMetric:
+        """The mean over prompts of ``per_prompt(logits_at) -> [batch]``, which it also keeps, so scans can say
+        how much a head's drop varies from prompt to prompt."""
+        if not callable(per_prompt):
+            raise InputError(f"per_prompt must be a function logits_at -> [batch] values, got "
+                             f"{type(per_prompt).__name__}")
+
+        def mean(logits_at: Tensor) -> Tensor:
+            return per_prompt(logits_at).mean()
+
+        mean.__qualname__ = getattr(per_prompt, "__qualname__", type(per_prompt).__name__)
+        metric = cls(mean, positions)
+        metric.per_prompt = per_prompt
+        return metric
+
+    def prompt_values_at(self, logits_at: Float[Tensor, "batch k vocab"]) -> Float[Tensor, " batch"] | None:
+        """One value per prompt (float64, ``[batch]``) on logits taken at the readout positions; None for a
+        metric not built with :meth:`mean_of`."""
+        if self.per_prompt is None:
+            return None
+        v = self.per_prompt(logits_at)
+        if not isinstance(v, Tensor) or tuple(v.shape) != (logits_at.shape[0],):
+            got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+            raise InputError(f"per_prompt must return one value per prompt, shape ({logits_at.shape[0]},), got "
+                             f"{got}; reduce over the readout positions inside it")
+        return v.detach().double()
 
     def index(self, batch: int, n_pos: int, copies: int = 1) -> Int[Tensor, "rows k"]:
         """Positions ``[copies * batch, k]`` (non-negative), for ``copies`` stacked copies of the batch."""

@@ -55,7 +55,8 @@ def _scan_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
     how = " ".join(str(meta[k]) for k in ("mode", "method") if meta.get(k))
     status = "" if meta.get("complete", True) else " (incomplete: rerun with --resume)"
     top = [{"rank": r.get("rank"), "head": head_name((r["layer"], r["head"])), "kind": r["kind"],
-            "drop": r["score"]} for r in rows[:10]]
+            "drop": r["score"], **({"± stderr over prompts": r["stderr"]} if "stderr" in r else {})}
+           for r in rows[:10]]
     return [Figure(head_score_heatmaps(rows, ("score",), titles=["ablation drop (metric clean - ablated)"],
                                        title=f"{model}: head scan"),
                    title=f"{model}: head scan ({how}){status}",

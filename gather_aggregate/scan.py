@@ -2,7 +2,10 @@
 
 ``metric(logits) -> scalar`` scores a batch of prompts (higher is better, e.g.
 mean log-prob of the right answer; see :mod:`gather_aggregate.tasks`).  A head's
-score is ``metric(clean) - metric(head ablated)``.
+score is ``metric(clean) - metric(head ablated)``.  With a metric that keeps
+its value per prompt (:meth:`ReadoutMetric.mean_of`, as task metrics do), the
+exact and naive scans also give each head's ``stderr``: the standard error of
+its drop over the prompts (:meth:`ScanResult.significant`).
 
 Three implementations, one answer:
 
@@ -70,6 +73,18 @@ class ScanResult:
         if by == "magnitude":
             rows.sort(key=lambda r: (-abs(r["score"]), r["layer"], r["head"]))
         return [(r["layer"], r["head"]) for r in rows[:k]]
+
+    def significant(self, z: float = 2.0, kinds: Sequence[str] | None = None) -> list[Head]:
+        """The heads whose drop exceeds ``z`` standard errors over the prompts (``score > z · stderr``), largest
+        drop first: the heads this scan tells apart from prompt-to-prompt noise.  Needs an exact or naive scan
+        with a per-prompt metric (:func:`gather_aggregate.tasks.task_metric`, :meth:`ReadoutMetric.mean_of`)."""
+        if not math.isfinite(z) or z < 0:
+            raise InputError(f"z must be a finite number >= 0 of standard errors, got {z}")
+        if not self.rows or any("stderr" not in r for r in self.rows):
+            raise InputError("this scan has no per-prompt standard errors; scan exactly with a per-prompt metric "
+                             "(tasks.task_metric, or ReadoutMetric.mean_of) on two or more prompts")
+        rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
+        return [(r["layer"], r["head"]) for r in rows if r["score"] > z * r["stderr"]]
 
     def score(self, layer: int, head: int) -> float:
         for r in self.rows:
@@ -154,9 +169,28 @@ def _apply(metric: Metric, readout: ReadoutMetric | None, logits: Tensor) -> Any
     return metric(logits) if readout is None else readout.at_readout(logits)
 
 
-def _row(model: HookedModel, layer: int, head: int, clean: float, ablated: float) -> dict[str, Any]:
-    return {"layer": layer, "head": head, "kind": model.layers[layer].kind_of(head), "score": clean - ablated,
-            "metric_clean": clean, "metric_ablated": ablated}
+def _row(model: HookedModel, layer: int, head: int, clean: float, ablated: float,
+         stderr: float | None = None) -> dict[str, Any]:
+    row = {"layer": layer, "head": head, "kind": model.layers[layer].kind_of(head), "score": clean - ablated,
+           "metric_clean": clean, "metric_ablated": ablated}
+    if stderr is not None:
+        row["stderr"] = stderr
+    return row
+
+
+def _stderr(clean: Tensor | None, ablated: Tensor | None) -> float | None:
+    """Standard error over prompts of the drop ``clean_i - ablated_i`` (sample std / √n); None without
+    per-prompt values (a metric not built with :meth:`ReadoutMetric.mean_of`) or with one prompt."""
+    if clean is None or ablated is None or clean.numel() < 2:
+        return None
+    return float((clean - ablated).std() / math.sqrt(clean.numel()))
+
+
+def _prompt_values(metric: Metric, logits: Tensor, at_readout: bool) -> Tensor | None:
+    """The metric's per-prompt values on full logits (or on logits already at the readout positions)."""
+    if not isinstance(metric, ReadoutMetric):
+        return None
+    return metric.prompt_values_at(logits if at_readout else metric.select(logits))
 
 
 def _prepare(model: HookedModel, tokens: Any, heads: Sequence[Head] | None, metric: Any) -> tuple[Tensor, list[Head]]:
@@ -183,12 +217,14 @@ def naive_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
                            n_pos=tokens.shape[1], inputs=tokens)
     with torch.no_grad():
-        clean = _check_metric(metric(model(tokens)), "clean run")
+        clean_logits = model(tokens)
+        clean, per_clean = _check_metric(metric(clean_logits), "clean run"), _prompt_values(metric, clean_logits, False)
         rows = []
         bar = _progress(len(heads), "naive scan", progress)
         for layer, head in heads:
             logits = model.run_with_hooks(tokens, fwd_hooks=ablation_hooks(model, [(layer, head)], rep))
-            rows.append(_row(model, layer, head, clean, _check_metric(metric(logits), f"head L{layer}H{head}")))
+            rows.append(_row(model, layer, head, clean, _check_metric(metric(logits), f"head L{layer}H{head}"),
+                             _stderr(per_clean, _prompt_values(metric, logits, False))))
             bar.update(1)
         bar.close()
     return ScanResult(rows, {"mode": "naive", "method": method, "metric_clean": clean}).ranked()
@@ -245,6 +281,7 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         # one clean forward gives the metric and everything each scanned layer resumes from
         clean_logits, cache = model.run_with_cache(tokens, names_filter=layer_resume.cache_names(model, how))
         clean = _check_metric(metric(clean_logits), "clean run")
+        per_clean = _prompt_values(metric, clean_logits, False)
         meta["metric_clean"] = clean
         how = layer_resume.verify(model, cache, how, clean_logits)
         bar = _progress(len(heads), "exact scan", progress)
@@ -256,7 +293,7 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
                     continue
                 logits = layer_resume.edited_logits(model, cache, how, layer, chunk,
                                                     lambda e, cur: rep.values(e.layer, e.head, cur), readout)
-                rows.extend(_chunk_rows(model, chunk, logits, metric, readout, clean, batch))
+                rows.extend(_chunk_rows(model, chunk, logits, metric, readout, (clean, per_clean), batch))
                 bar.update(len(chunk))
                 if out is not None:
                     ScanResult(rows, meta).ranked().save(out)
@@ -283,12 +320,15 @@ def _resumed(out: str | Path | None, resume: bool, meta: dict[str, Any]) -> tupl
 
 
 def _chunk_rows(model: HookedModel, chunk: list[Edit], logits: Tensor, metric: Metric,
-                readout: ReadoutMetric | None, clean: float, batch: int) -> list[dict[str, Any]]:
-    """The table rows of one stacked forward: copy ``i`` (rows ``i·batch`` ...) has ``chunk[i]`` ablated."""
+                readout: ReadoutMetric | None, clean: tuple[float, Tensor | None], batch: int) -> list[dict[str, Any]]:
+    """The table rows of one stacked forward: copy ``i`` (rows ``i·batch`` ...) has ``chunk[i]`` ablated.
+    ``clean``: the clean metric and its per-prompt values (None if the metric has none)."""
     rows = []
     for i, e in enumerate(chunk):
-        m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]), f"head L{e.layer}H{e.head}")
-        rows.append(_row(model, e.layer, e.head, clean, m))
+        part = logits[i * batch:(i + 1) * batch]
+        m = _check_metric(_apply(metric, readout, part), f"head L{e.layer}H{e.head}")
+        per = _prompt_values(metric, part, readout is not None) if clean[1] is not None else None
+        rows.append(_row(model, e.layer, e.head, clean[0], m, _stderr(clean[1], per)))
     return rows
 
 

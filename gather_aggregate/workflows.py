@@ -134,7 +134,8 @@ def run_scan(args: argparse.Namespace) -> int:
     result.save(out / "scan.json")
     print(f"{args.mode} scan of {len(result.rows)} heads on {args.task} in {time.perf_counter() - t0:.1f} s "
           f"(clean metric {result.meta['metric_clean']:.4f}) -> {out}/scan.json, scan.csv")
-    _print_rows(result.rows[:10], ["rank", "layer", "head", "kind", "score"])
+    _print_rows(result.rows[:10], ["rank", "layer", "head", "kind", "score"]
+                + (["stderr"] if result.rows and "stderr" in result.rows[0] else []))
     return 0
 
 

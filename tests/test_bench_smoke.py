@@ -72,7 +72,9 @@ def test_shortlist_lengths_count_positions_by_magnitude_and_by_sign():
     exact = {(0, 0): 8.0, (0, 1): 0.5, (1, 0): 0.2, (1, 1): 0.05, (1, 2): 0.0, (1, 3): -0.1}
     # a saturated estimate: the most important head gets a large negative score
     est = {(0, 0): -3.0, (0, 1): 0.6, (1, 0): 0.1, (1, 1): 0.3, (1, 2): 0.0, (1, 3): 0.2}
-    mag = needed(exact, est, "magnitude")  # |est| order: (0,0) (0,1) (1,1) (1,3) (1,0) (1,2)
-    assert mag == {"top-1": 1, "top-3": 5, "top-5": 6, "≥ 10 %": 1}
-    signed = needed(exact, est, "signed")  # est order: (0,1) (1,1) (1,3) (1,0) (1,2) (0,0)
-    assert signed == {"top-1": 6, "top-3": 6, "top-5": 6, "≥ 10 %": 6}
+    significant = [(0, 0), (1, 0)]  # the heads above two standard errors
+    mag = needed(exact, est, "magnitude", significant)  # |est| order: (0,0) (0,1) (1,1) (1,3) (1,0) (1,2)
+    assert mag == {"top-1": 1, "top-3": 5, "top-5": 6, "≥ 10 %": 1, "> 2 SE": 5}
+    signed = needed(exact, est, "signed", [(1, 1)])  # est order: (0,1) (1,1) (1,3) (1,0) (1,2) (0,0)
+    assert signed == {"top-1": 6, "top-3": 6, "top-5": 6, "≥ 10 %": 6, "> 2 SE": 2}
+    assert needed(exact, est, "signed", [])["> 2 SE"] == 0  # no head above the noise: nothing to hold

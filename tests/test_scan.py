@@ -185,6 +185,60 @@ def test_top_by_score_or_by_magnitude():
         res.top(2, by="abs")
 
 
+def test_exact_and_naive_scans_give_each_heads_standard_error_over_prompts(setup):
+    """A per-prompt metric (ReadoutMetric.mean_of) gives each head the standard error of its drop over the prompts:
+    the same in the stacked exact scan and the naive loop, and equal to the drop's per-prompt values computed by
+    hand; its mean is the score."""
+    model, tokens, _, _ = setup
+    g = torch.Generator().manual_seed(7)
+    target, positions = torch.randint(0, model.d_vocab, (tokens.shape[0],), generator=g), torch.randint(
+        5, tokens.shape[1], (tokens.shape[0],), generator=g)
+
+    def per_prompt(logits_at):
+        return logits_at[:, 0].log_softmax(-1).gather(1, target[:, None])[:, 0]
+
+    metric = ReadoutMetric.mean_of(per_prompt, positions)
+    exact = exact_scan(model, tokens, metric, max_rows=18, progress=False)
+    naive = naive_scan(model, tokens, metric)
+    with torch.no_grad():
+        clean = per_prompt(metric.select(model(tokens)))
+    for hd in model.all_heads():
+        with torch.no_grad():
+            drops = clean - per_prompt(metric.select(run_ablated(model, tokens, [hd])))
+        row = next(r for r in exact.rows if (r["layer"], r["head"]) == hd)
+        assert row["score"] == pytest.approx(float(drops.mean()), abs=1e-5)
+        assert row["stderr"] == pytest.approx(float(drops.std() / len(drops) ** 0.5), abs=1e-5)
+        assert row["stderr"] == pytest.approx(next(r["stderr"] for r in naive.rows
+                                                   if (r["layer"], r["head"]) == hd), abs=1e-6)
+    assert len({round(r["stderr"], 6) for r in exact.rows}) > 1
+    sig = exact.significant(z=2.0)
+    assert sig == [hd for hd in exact.top(len(exact.rows)) if exact.score(*hd) > 2 * next(
+        r["stderr"] for r in exact.rows if (r["layer"], r["head"]) == hd)]
+    # the fingerprint a resume checks is unchanged by the per-prompt form
+    assert metric.__qualname__ == "ReadoutMetric.test_exact_and_naive_scans_give_each_heads_standard_error_over_" \
+        "prompts.<locals>.per_prompt"
+    # a plain metric gives no standard error, and significant() says what is missing
+    plain = exact_scan(model, tokens, ReadoutMetric(lambda la: per_prompt(la).mean(), positions), progress=False)
+    assert all("stderr" not in r for r in plain.rows)
+    with pytest.raises(errors.InputError, match="no per-prompt standard errors"):
+        plain.significant()
+    with pytest.raises(errors.InputError, match="z must be"):
+        exact.significant(z=-1)
+    bad = ReadoutMetric.mean_of(lambda la: la[:, 0, :2], positions)  # [batch, 2]: not one value per prompt
+    with pytest.raises(errors.InputError, match="one value per prompt"):
+        exact_scan(model, tokens, bad, progress=False)
+
+
+def test_significant_orders_by_drop_and_filters_kinds():
+    rows = [{"layer": la, "head": h, "score": sc, "stderr": se, "kind": k}
+            for la, h, sc, se, k in [(0, 0, 0.5, 0.1, "attention"), (0, 1, 3.0, 2.0, "attention"),
+                                     (1, 0, 2.0, 0.5, "ssm"), (1, 1, -1.0, 0.1, "ssm"), (1, 2, 0.01, 0.0, "ssm")]]
+    res = ScanResult(rows)
+    assert res.significant() == [(1, 0), (0, 0), (1, 2)]  # 3.0 ± 2.0 is not 2 standard errors from zero
+    assert res.significant(z=1.0) == [(0, 1), (1, 0), (0, 0), (1, 2)]  # a negative drop never counts
+    assert res.significant(kinds=["ssm"]) == [(1, 0), (1, 2)]
+
+
 def test_ablate_context_manager_equals_run_ablated(setup):
     model, tokens, ref, _ = setup
     heads = [(1, 0), (2, 3)]

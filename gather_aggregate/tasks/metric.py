@@ -25,7 +25,8 @@ def task_metric(model: HookedModel, examples: Sequence[Example],
     needs one forward per ablation); :func:`gather_aggregate.tasks.evaluate`
     scores full continuations.  The metric is a
     :class:`~gather_aggregate.readout.ReadoutMetric` at each prompt's query
-    position, so scans finish their forwards there only.
+    position, so scans finish their forwards there only, and it keeps the
+    value per prompt, so exact scans report each head's standard error.
     """
     import torch
 
@@ -38,8 +39,8 @@ def task_metric(model: HookedModel, examples: Sequence[Example],
     fn = correct_logprob if kind == "logprob" else logit_diff
     at_query = dataclasses.replace(batch, query_pos=torch.zeros_like(batch.query_pos))  # logits already taken there
 
-    def metric(logits_at: Any) -> Any:
-        return fn(logits_at, at_query).mean()
+    def per_prompt(logits_at: Any) -> Any:
+        return fn(logits_at, at_query)
 
-    metric.__qualname__ = f"task_metric.{kind}"
-    return batch.tokens, ReadoutMetric(metric, batch.query_pos[:, None])
+    per_prompt.__qualname__ = f"task_metric.{kind}"
+    return batch.tokens, ReadoutMetric.mean_of(per_prompt, batch.query_pos[:, None])
