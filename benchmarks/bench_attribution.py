@@ -9,6 +9,10 @@ the exact scan's (one thread; each timed best-of-``--repeats``).  The last colum
 the exact scan itself on ``n`` other prompts (seed 1): how far its own ranking
 reproduces, the ceiling no estimator can be asked to beat by much.
 
+A second table counts the pairs of heads the exact scan *resolves* (drops more than two combined standard errors
+over the prompts apart, :func:`gather_aggregate.rankings.compare_rankings`) and the share of them each estimator
+orders the same way: a ranking measure that does not score the order of heads the prompts cannot tell apart.
+
     python benchmarks/bench_attribution.py                          # the shipped zoo
     python benchmarks/bench_attribution.py --fixtures               # the zoo and the detector fixtures
     python benchmarks/bench_attribution.py --models --deep 12 --deep-heads 16 --n 8 --no-ceiling  # 192 heads, random weights
@@ -94,7 +98,8 @@ def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling:
     for label, kw in methods.items():
         t, res = _best(lambda kw=kw: attribution_scan(model, tokens, metric, **kw), repeats)
         cmp = compare_rankings(exact, res, k=5)
-        row["methods"][label] = (cmp["spearman"], int(cmp["top5_overlap"]), t / t_exact)
+        row["methods"][label] = (cmp["spearman"], int(cmp["top5_overlap"]), t / t_exact, cmp.get("resolved_agreement"))
+    row["resolved"] = int(compare_rankings(exact, exact)["resolved_pairs"]) if "stderr" in exact.rows[0] else None
     if not ceiling:
         return row
     # the exact scan's own reproducibility: the same scan on n other prompts (seed 1) against seed 0's
@@ -103,7 +108,8 @@ def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling:
     other = task_metric(model, task.examples(model.tokenizer, n=n, seed=1), kind=kind)
     t, again = _best(lambda: exact_scan(model, *other, progress=False), 1)
     cmp = compare_rankings(exact, again, k=5)
-    row["methods"]["exact, other prompts"] = (cmp["spearman"], int(cmp["top5_overlap"]), t / t_exact)
+    row["methods"]["exact, other prompts"] = (cmp["spearman"], int(cmp["top5_overlap"]), t / t_exact,
+                                              cmp.get("resolved_agreement"))
     return row
 
 
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         targets += [(d.name, d, True) for d in fixture_dirs()]
     if args.deep:
         targets += [(*deep_random_dir(arch, args.deep, args.deep_heads), False) for arch in ("llama", "mamba2")]
-    header = False
+    header, rows = False, []
     for name, path, fixture in targets:  # each row printed as soon as it is measured
         r = bench(name, path, args.n, args.metric, args.steps, args.repeats, not args.no_ceiling, fixture)
         if not header:
@@ -140,9 +146,19 @@ def main(argv: list[str] | None = None) -> int:
                   + " | ".join(f"{lab}: ρ / top-5 / time÷exact" for lab in labels) + " |")
             print("|---|---|---|---|" + "---|" * len(labels))
             header = True
-        cells = [f"{rho:.2f} / {top}/5 / {frac:.2f}" for rho, top, frac in r["methods"].values()]
+        cells = [f"{rho:.2f} / {top}/5 / {frac:.2f}" for rho, top, frac, _ in r["methods"].values()]
         print(f"| {r['model']} | {r['heads']} | {r['prompts'][0]}×{r['prompts'][1]} | {r['exact_s']:.2f} | "
               + " | ".join(cells) + " |", flush=True)
+        rows.append(r)
+    if rows and all(r["resolved"] is not None for r in rows):
+        print("\nThe pairs of heads the exact scan resolves (drops > 2 combined standard errors apart), and the share "
+              "of them each estimator orders the same way\n")
+        print("| model | resolved pairs / all | " + " | ".join(labels) + " |")
+        print("|---|---|" + "---|" * len(labels))
+        for r in rows:
+            n = r["heads"] * (r["heads"] - 1) // 2
+            cells = ["–" if a is None or math.isnan(a) else f"{a:.2f}" for *_, a in r["methods"].values()]
+            print(f"| {r['model']} | {r['resolved']} / {n} | " + " | ".join(cells) + " |")
     return 0
 
 

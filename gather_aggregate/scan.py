@@ -45,6 +45,7 @@ from gather_aggregate.indices import as_index
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
 from gather_aggregate.io import read_json, write_table
 from gather_aggregate.protocol import Head, HookedModel, device_of
+from gather_aggregate.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
 from gather_aggregate.readout import ReadoutMetric
 
 Metric = Callable[[Tensor], Tensor]
@@ -463,34 +464,3 @@ def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[He
             est = float((delta * g.select(axis, h)).sum())
             rows.append(_row(model, layer, h, clean, clean + est))
     return ScanResult(rows, {"mode": "atp", "method": method, "metric_clean": clean}).ranked()
-
-
-def compare_rankings(a: ScanResult, b: ScanResult, k: int = 5) -> dict[str, float]:
-    """Spearman ρ between two scans' scores over their common heads, and top-k overlap."""
-    sa, sb = a.scores(), b.scores()
-    common = sorted(set(sa) & set(sb))
-    if len(common) < 2:
-        raise InputError("need at least two heads in common to compare rankings")
-    xa = torch.tensor([sa[hd] for hd in common], dtype=torch.float64)
-    xb = torch.tensor([sb[hd] for hd in common], dtype=torch.float64)
-    rho = float(_pearson(_ranks(xa), _ranks(xb)))
-    top_a, top_b = set(a.top(k)), set(b.top(k))
-    return {"spearman": rho, f"top{k}_overlap": float(len(top_a & top_b)), "n_heads": float(len(common))}
-
-
-def _ranks(x: Tensor) -> Tensor:
-    """Average ranks (ties share the mean rank)."""
-    order = torch.argsort(x)
-    ranks = torch.empty_like(x)
-    ranks[order] = torch.arange(len(x), dtype=x.dtype)
-    for v in torch.unique(x):
-        m = x == v
-        if m.sum() > 1:
-            ranks[m] = ranks[m].mean()
-    return ranks
-
-
-def _pearson(a: Tensor, b: Tensor) -> Tensor:
-    a, b = a - a.mean(), b - b.mean()
-    denom = (a.norm() * b.norm()).clamp_min(1e-12)
-    return (a * b).sum() / denom

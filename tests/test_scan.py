@@ -436,3 +436,20 @@ def test_exact_scan_equals_naive_on_mamba2():
     for hd in model.all_heads():
         assert exact_at.score(*hd) == pytest.approx(naive_at.score(*hd), abs=1e-5)
     assert count_hooks(model) == 0 and param_checksum(model) == before
+
+
+def test_compare_rankings_counts_the_pairs_the_reference_resolves():
+    """Pairs of heads whose drops differ by more than z combined standard errors are 'resolved'; the agreement is
+    the share the other scan orders the same way, a tie counting one half.  Without standard errors: no such keys."""
+    ref = ScanResult([{"layer": 0, "head": h, "score": s, "stderr": se, "kind": "attention"}
+                      for h, s, se in [(0, 5.0, 0.5), (1, 1.0, 0.1), (2, 0.9, 0.1), (3, 0.0, 0.1)]])
+    # resolved: (0,1) (0,2) (0,3) (1,3) (2,3); (1,2) differ by 0.1 < 2·sqrt(0.02) = 0.28
+    other = ScanResult([{"layer": 0, "head": h, "score": s, "kind": "attention"}
+                        for h, s in [(0, 0.5), (1, 0.2), (2, 0.3), (3, 0.5)]])  # (0,3) tied, (1,2) swapped
+    cmp = compare_rankings(ref, other, k=2)
+    assert cmp["resolved_pairs"] == 5
+    assert cmp["resolved_agreement"] == pytest.approx((1 + 1 + 0.5 + 0 + 0) / 5)  # (1,3), (2,3) reversed
+    assert compare_rankings(ref, other, k=2, z=0.0)["resolved_pairs"] == 6
+    assert "resolved_pairs" not in compare_rankings(other, ref, k=2)  # the reference has no standard errors
+    with pytest.raises(errors.InputError, match="z must be"):
+        compare_rankings(ref, other, z=float("nan"))
