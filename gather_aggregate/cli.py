@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gather_aggregate.demo:run_demo", "run the demo on the shipped toy zoo and write an HTML report"),
     "eval": ("gather_aggregate.workflows:run_eval", "evaluate a model on a task"),
     "scan": ("gather_aggregate.workflows:run_scan", "rank heads by the drop in a task metric when ablated"),
-    "detect": ("gather_aggregate.workflows:run_detect", "score heads as Gather / Aggregate heads"),
+    "detect": ("gather_aggregate.workflows:run_detect",
+               "name the Gather and Aggregate heads (pattern evidence, then causal tests against random heads)"),
     "ablate": ("gather_aggregate.workflows:run_ablate", "evaluate with a set of heads ablated"),
     "pattern": ("gather_aggregate.workflows:run_pattern", "save (implied) attention patterns of a layer on one prompt"),
     "report": ("gather_aggregate.workflows:run_report", "build a self-contained HTML report from results"),
@@ -96,11 +97,12 @@ def head_indices(text: str) -> list[int]:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default when it has one worth showing (not None/False) and the help does not say it."""
+    """Shows an option's default when it has one worth showing (not None, False or "") and the help does not say it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+        default = action.default
+        if default is None or default is False or default == "" or default is argparse.SUPPRESS or "default" in text:
             return text
         return super()._get_help_string(action) or text
 
@@ -159,9 +161,11 @@ def _progress(p: argparse.ArgumentParser) -> None:
 
 # ---- each subcommand's own options (the general ones, -v and --debug, come last) ------------------------
 def _demo_options(p: argparse.ArgumentParser) -> None:
+    from gather_aggregate.zoo import DEMO_SKIP
+
     p.add_argument("--model", default=None,
                    help="comma list of zoo names or model directories, e.g. llama-kvmc,mamba2-ga (default: every "
-                        "shipped zoo model)")
+                        f"shipped zoo model but {', '.join(DEMO_SKIP)})")
     p.add_argument("--n", type=_int_type("--n", 8), default=32,
                    help="prompts per task (8 to 64; 32 keeps the seven-model demo within its 120 s budget)")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the prompts")

@@ -200,6 +200,12 @@ def test_each_subcommand_lists_only_its_own_options():
     assert "default: ga_out/eval" in " ".join(sub["eval"].format_help().split())  # --help states output dirs
     zoo_help = " ".join(sub["zoo"].format_help().split())
     assert "--arch {" + ",".join(ARCHS) + "}" in zoo_help and "--steps" in zoo_help
+    for name, p in sub.items():  # an empty default is not shown as "(default: )"; a zero one is
+        assert "(default: )" not in p.format_help(), name
+    assert "(default: 0)" in " ".join(sub["eval"].format_help().split())
+    from gather_aggregate.zoo import DEMO_SKIP
+
+    assert all(name in " ".join(sub["demo"].format_help().split()) for name in DEMO_SKIP)  # what demo leaves out
 
 
 def test_quiet_by_default_and_verbose_shows_loading_bars(tiny_llama_dir, tmp_path):
