@@ -1,4 +1,5 @@
-"""Issue 7: every Python code block in the docs runs (except those marked `# requires: gpu` / `hub`)."""
+"""Issue 7: every Python code block in the docs runs (except those marked `# requires: gpu` / `hub`), and the API
+pages name what exists (exports documented, table calls resolve, documented keywords are parameters)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,138 @@ def test_doc_code_blocks_run(path, tmp_path, monkeypatch):
             exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
         except Exception as exc:  # pragma: no cover - shown on failure
             raise AssertionError(f"{path.name} block {i} failed: {type(exc).__name__}: {exc}\n{code}") from exc
+
+
+# ---- the API pages name what exists -------------------------------------------------------------------------------
+# Every export of the public packages is mentioned on an API page; every call written in a table's first column
+# resolves; and every keyword a doc writes into a call to one of our functions is a parameter of it.
+API_PAGES = [*sorted((REPO / "docs").glob("api*.md")), REPO / "docs" / "hybrids.md", REPO / "docs" / "tasks.md"]
+PUBLIC = ("gather_aggregate", "gather_aggregate.adapters", "gather_aggregate.tasks", "gather_aggregate.viz",
+          "gather_aggregate.hybridise")
+# where a bare name written in the docs may live (documented module paths resolve on their own)
+HOMES = (*PUBLIC, "gather_aggregate.loading", "gather_aggregate.zoo", "gather_aggregate.interventions",
+         "gather_aggregate.readout", "gather_aggregate.scan", "gather_aggregate.attribution", "gather_aggregate.patching",
+         "gather_aggregate.distributed", "gather_aggregate.experiments", "gather_aggregate.detect",
+         "gather_aggregate.metrics", "gather_aggregate.io", "gather_aggregate.errors", "gather_aggregate.report",
+         "gather_aggregate.claims", "gather_aggregate.tasks.base", "gather_aggregate.tasks.registry",
+         "gather_aggregate.tasks.taskfile", "gather_aggregate.adapters.implied", "gather_aggregate.hybridise.choose",
+         "gather_aggregate.hybridise.distill", "gather_aggregate.hybridise.graft", "gather_aggregate.hybridise.shipped",
+         "gather_aggregate.hybridise.experiment", "gather_aggregate.viz.static", "gather_aggregate.viz.tokens",
+         "gather_aggregate.viz.circuit", "gather_aggregate.viz.curves", "gather_aggregate.training.vocab",
+         "gather_aggregate.training.quick_eval")
+# receivers of documented methods: `model.pattern(...)`, `info.heads_of(...)`
+RECEIVERS = {"model": ("HookedModel", "ProtocolMixin"), "info": ("LayerInfo",)}  # classes of gather_aggregate.protocol
+SPAN = re.compile(r"`([^`\n]+)`")
+CALL = re.compile(r"(?:with\s+)?([A-Za-z_][\w.]*)\((.*)\)(?:\s*->.*|:.*)?$")
+
+
+def _attr_path(obj, names):
+    for n in names:
+        obj = getattr(obj, n)
+    return obj
+
+
+def _resolve(name: str) -> list:
+    """The objects of ours that a documented (possibly dotted) name can mean; empty when none."""
+    import importlib
+
+    parts = name.removeprefix("gather_aggregate.").split(".")
+    if parts[0] in RECEIVERS and len(parts) == 2:
+        protocol = importlib.import_module("gather_aggregate.protocol")
+        classes = [getattr(protocol, cls) for cls in RECEIVERS[parts[0]]]
+        return [getattr(c, parts[1]) for c in classes if hasattr(c, parts[1])]
+    found = []
+    for i in range(len(parts), 0, -1):  # a module path, then attributes
+        try:
+            mod = importlib.import_module(".".join(["gather_aggregate", *parts[:i]]))
+        except ImportError:
+            continue
+        try:
+            found.append(_attr_path(mod, parts[i:]))
+        except AttributeError:
+            pass
+        break
+    for home in HOMES:
+        try:
+            found.append(_attr_path(importlib.import_module(home), parts))
+        except AttributeError:
+            pass
+    return found
+
+
+def _split_args(args: str) -> list[str]:
+    depth, cur, out = 0, "", []
+    for ch in args:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [a for a in [*out, cur.strip()] if a]
+
+
+def _first_cells(path: Path) -> list[str]:
+    return [row.split("|")[1] for row in path.read_text().splitlines() if row.startswith("| `")]
+
+
+def _fits(func, keywords: list[str], n_positional: int) -> bool:
+    """Whether ``func`` accepts ``n_positional`` positional arguments and these keywords."""
+    import inspect
+
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    kinds = {p.kind for p in params}
+    named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return ((inspect.Parameter.VAR_KEYWORD in kinds or set(keywords) <= named)
+            and (inspect.Parameter.VAR_POSITIONAL in kinds or n_positional <= len(positional)))
+
+
+def test_public_exports_are_documented():
+    import importlib
+
+    text = "\n".join(p.read_text() for p in API_PAGES)
+    missing = [f"{mod}.{name}" for mod in PUBLIC for name in importlib.import_module(mod).__all__
+               if not name.startswith("__") and not re.search(rf"\b{re.escape(name)}\b", text)]
+    assert not missing, f"exported but on no API page ({', '.join(p.name for p in API_PAGES)}): {missing}"
+
+
+def test_api_tables_name_what_exists():
+    missing = []
+    for path in API_PAGES:
+        for cell in _first_cells(path):
+            for span in SPAN.findall(cell):
+                call = CALL.match(span)
+                name = call.group(1) if call else span if re.fullmatch(r"(gather_aggregate|viz)(\.\w+)+", span) else None
+                if name and not _resolve(name):
+                    missing.append(f"{path.name}: {span}")
+    assert not missing, f"API tables name calls that do not exist: {missing}"
+
+
+def test_documented_keywords_are_parameters():
+    import inspect
+
+    wrong = []
+    for path in DOCS:
+        for span in SPAN.findall(path.read_text()):
+            call = CALL.match(span)
+            if not call:
+                continue
+            funcs = [f for f in _resolve(call.group(1)) if callable(f)]
+            if not funcs:  # not ours (math, builtins, a local variable)
+                continue
+            keywords, n_positional, after_star = [], 0, False
+            for a in _split_args(call.group(2)):
+                named = re.match(r"([A-Za-z_]\w*)\s*=(?!=)", a)
+                if a == "*":
+                    after_star = True
+                elif named or (after_star and a.isidentifier()):  # `x=1`, or `x` after `*`
+                    keywords.append(named.group(1) if named else a)
+                elif a not in ("...", "/") and not a.startswith("**"):
+                    n_positional += 1
+            if not any(_fits(f, keywords, n_positional) for f in funcs):
+                wrong.append(f"{path.name}: `{span}` vs {call.group(1)}{inspect.signature(funcs[0])}")
+    assert not wrong, "documented calls that the code would refuse:\n" + "\n".join(wrong)
