@@ -252,7 +252,8 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
     """Load a hooked model that answers the gather-aggregate protocol.
 
     Args:
-        name_or_path: a local ``save_pretrained`` directory (or a hub name when online / cached).
+        name_or_path: a zoo name (``"llama-kvmc"``, see :func:`gather_aggregate.zoo.list_zoo`), a local
+            ``save_pretrained`` directory, or a hub name when online / cached.
         device: e.g. ``"cpu"`` or ``"cuda"``; default CPU.
         dtype: ``torch.float32``, ``torch.bfloat16``, a name such as ``"bf16"``, or ``"auto"``/``None``
             (the default, as in HF's ``from_pretrained``): the config's ``dtype``/``torch_dtype``, else
@@ -378,7 +379,12 @@ def _weights(load: Any, source: Any) -> Any:
 
 
 def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None = None) -> Any:
-    """Hook an in-memory HF model without touching it (its weights are copied, never edited)."""
+    """Hook an in-memory HF model without touching it (its weights are copied, never edited).
+
+    SSM and hybrid ``model_type``s go to :func:`gather_aggregate.adapters.load_ssm`, transformers to the
+    TransformerLens bridge.  ``tokenizer`` is a tokenizer object; ``head_size`` groups Mamba-1 channels into heads
+    (SSMs only: a transformer refuses it, as :func:`load_model` does).
+    """
     import torch
 
     if not isinstance(hf_model, torch.nn.Module) or not hasattr(hf_model, "config"):
@@ -396,6 +402,8 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
         model = load_ssm(hf_model, hf_model.config, **extra)
         model.tokenizer = tokenizer
         return model
+    if head_size is not None:  # as load_model: an SSM option on a transformer is a mistake, not a no-op
+        raise UnsupportedModelError(f"options ['head_size'] apply only to SSM/hybrid models, not {model_type!r}")
     from gather_aggregate.bridge import BridgeModel
 
     return BridgeModel.from_hf(hf_model, tokenizer, copy_model=True)

@@ -171,6 +171,18 @@ def test_from_hf_model_does_not_mutate_the_users_model():
     assert all(torch.equal(sd_before[k], v) for k, v in hf.state_dict().items())
 
 
+def test_from_hf_model_refuses_ssm_options_on_a_transformer(tiny_llama_dir):
+    # as load_model does: head_size (Mamba-1 channel groups) on a transformer is refused, not silently dropped
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.testing import tiny_llama
+
+    hf, tok = tiny_llama(seed=3)
+    with pytest.raises(errors.UnsupportedModelError, match=r"apply only to SSM/hybrid models, not 'llama'"):
+        from_hf_model(hf, tok, head_size=4)
+    with pytest.raises(errors.UnsupportedModelError, match=r"apply only to SSM/hybrid models, not 'llama'"):
+        load_model(tiny_llama_dir, head_size=4)
+
+
 # ---- bad input ---------------------------------------------------------------
 def test_offline_hub_name_says_download_first():
     with pytest.raises(errors.ModelLoadError, match="download it first"):
