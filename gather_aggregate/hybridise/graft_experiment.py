@@ -118,13 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mamba2-ga", help="a zoo Mamba-2 name or a model directory")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-n", type=int, default=64)
+    p.add_argument("--out", type=Path, required=True, help="output directory: results.json and each graft's resumable training state")
+    p.add_argument("--steps", type=int, default=300, help="training steps per graft")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per training step")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate of the graft's parameters")
+    p.add_argument("--eval-n", type=int, default=64, help="KV prompts per dictionary size")
     p.add_argument("--pairs", default="12,48", help="KV dictionary sizes to measure, comma-separated")
-    p.add_argument("--random-seeds", default="0,1")
+    p.add_argument("--random-seeds", default="0,1", help="seeds of the random heads grafted for comparison")
     a = p.parse_args(argv)
     run_graft_experiment(Path(resolve_model_path(a.model)), a.out, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
                          eval_n=a.eval_n, pairs=[int(x) for x in a.pairs.split(",")],
