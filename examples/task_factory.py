@@ -1,5 +1,8 @@
 """A task as a Python factory: ``gather-aggregate eval --model M --task examples.task_factory:make_task``.
 
+``M`` needs a tokenizer that knows the words below (e.g. ``tiny-llama`` of docs/tasks.md); the zoo's word-level
+vocabulary does not, and the command says which word it lacks.
+
 Run from the repository root (the current directory is importable), or put this file's directory on PYTHONPATH.
 The factory returns a Task (anything with ``name`` and ``examples(tokenizer, n, seed=)``); a list of
 ``PromptSpec`` or of ``Example`` works too.  Same crate format as ``examples/tasks.jsonl``.
