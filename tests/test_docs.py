@@ -167,3 +167,25 @@ def test_documented_keywords_are_parameters():
             if not any(_fits(f, keywords, n_positional) for f in funcs):
                 wrong.append(f"{path.name}: `{span}` vs {call.group(1)}{inspect.signature(funcs[0])}")
     assert not wrong, "documented calls that the code would refuse:\n" + "\n".join(wrong)
+
+
+def test_files_the_docs_name_exist():
+    # `adapters/model.py`, `families/bamba.py`, `scripts/hybrid_figure.py`, [links](tasks.md): a renamed or removed
+    # file is caught (a name may be written relative to any folder, so it only has to end a tracked path)
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    if not tracked:  # not a git checkout (an sdist): nothing to compare with
+        pytest.skip("no git checkout")
+    missing = []
+    for path in DOCS:
+        text = path.read_text()
+        for span in SPAN.findall(text):
+            for name in re.findall(r"[\w./-]+\.(?:py|md|ipynb|sh)\b", span):
+                name = name.removeprefix("./").replace("gather_aggregate/adapters/", "adapters/")
+                if "{" not in span and not any(f == name or f.endswith("/" + name) for f in tracked):
+                    missing.append(f"{path.name}: {name}")
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", text):
+            if not re.match(r"[a-z]+:", target) and not (path.parent / target).exists():
+                missing.append(f"{path.name}: link {target}")
+    assert not missing, f"the docs name files that do not exist: {missing}"
