@@ -189,3 +189,34 @@ def test_files_the_docs_name_exist():
             if not re.match(r"[a-z]+:", target) and not (path.parent / target).exists():
                 missing.append(f"{path.name}: link {target}")
     assert not missing, f"the docs name files that do not exist: {missing}"
+
+
+def test_cli_lines_in_the_docs_use_real_subcommands_and_options():
+    import argparse
+
+    from gather_aggregate.cli import build_parser
+
+    def options(p: argparse.ArgumentParser) -> set[str]:
+        found = {o for a in p._actions for o in a.option_strings}
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):  # zoo list / zoo train
+                for q in a.choices.values():
+                    found |= options(q)
+        return found
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    wrong, seen = [], 0
+    for path in DOCS:
+        text = path.read_text()
+        code = [*re.findall(r"```bash\n(.*?)```", text, re.S), *SPAN.findall(text)]
+        for snippet in code:
+            for m in re.finditer(r"gather-aggregate\s+([a-z][\w-]*)([^\n|]*)", snippet.replace("\\\n", " ")):
+                seen += 1
+                cmd, rest = m.groups()
+                if cmd not in sub:
+                    wrong.append(f"{path.name}: no subcommand {cmd!r}")
+                    continue
+                wrong += [f"{path.name}: `gather-aggregate {cmd}` has no {flag}"
+                          for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest) if flag not in options(sub[cmd])]
+    assert seen > 10 and not wrong, wrong
