@@ -220,3 +220,30 @@ def test_cli_lines_in_the_docs_use_real_subcommands_and_options():
                 wrong += [f"{path.name}: `gather-aggregate {cmd}` has no {flag}"
                           for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest) if flag not in options(sub[cmd])]
     assert seen > 10 and not wrong, wrong
+
+
+def _module_path_resolves(ref: str) -> bool:
+    """``gather_aggregate.a.b.c``: the longest importable module prefix, then attributes."""
+    import importlib
+
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not exc.name.startswith("gather_aggregate"):
+                return True  # an optional extra that is not installed here: nothing to check against
+            continue
+        try:
+            _attr_path(obj, parts[i:])
+            return True
+        except AttributeError:
+            return False
+    return False
+
+
+def test_module_paths_in_the_docs_resolve():
+    refs = {(path.name, ref) for path in DOCS for span in SPAN.findall(path.read_text())
+            for ref in re.findall(r"\bgather_aggregate(?:\.\w+)+", span)}
+    missing = sorted(f"{name}: {ref}" for name, ref in refs if not _module_path_resolves(ref))
+    assert len(refs) > 30 and not missing, f"the docs name modules or attributes that do not exist: {missing}"
