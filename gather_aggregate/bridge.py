@@ -401,6 +401,9 @@ class BridgeModel(ProtocolMixin):
                                             "weights); load the model with attn_implementation='eager'")
         else:
             cache = tokens_or_cache
+            if not hasattr(cache, "__contains__") or not hasattr(cache, "__getitem__"):
+                raise InputError(f"pattern takes tokens, text or a cache from run_with_cache, got "
+                                 f"{type(cache).__name__}")
             if name not in cache:
                 raise InputError(f"the cache has no {name!r}; run run_with_cache without a names_filter "
                                  "that drops it, or pass tokens")

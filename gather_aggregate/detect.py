@@ -41,7 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gather_aggregate.checks import check_model, count
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import Head, HookedModel
 
 
@@ -277,7 +279,14 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     accepted for compatibility and unused.
     """
     from gather_aggregate.detect_rules import decide
+    from gather_aggregate.tasks.base import check_examples
 
+    check_model(model)
+    examples = check_examples(examples)
+    batch_size, seed = count(batch_size, "batch_size"), as_index(seed, "seed")
+    if scores is not None and (not isinstance(scores, list) or not all(isinstance(r, dict) for r in scores)):
+        raise InputError(f"scores must be the rows pattern_scores(model, examples) returns, got "
+                         f"{type(scores).__name__}")
     if reading == "segment":  # the earlier name of the value-token reading
         reading = "last-1"
     if reading not in READINGS:

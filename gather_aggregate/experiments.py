@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gather_aggregate.checks import check_model, count
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import (
     Method,
@@ -42,6 +43,17 @@ def evaluate_sets(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], ho
     return {name: ev(model, examples, hooks) for name, examples in task_sets.items()}
 
 
+def _check_inputs(model: Any, task_sets: Any, evaluator: Any) -> None:
+    """The arguments every experiment shares: a hooked model, named example sets, an optional evaluator."""
+    from gather_aggregate.tasks.base import check_task_sets
+
+    check_model(model)
+    check_task_sets(task_sets)
+    if evaluator is not None and not callable(evaluator):
+        raise InputError(f"evaluator must be a function (model, examples, hooks) -> float, or None for accuracy, "
+                         f"got {type(evaluator).__name__}")
+
+
 def head_ablation_hooks(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Any = None) -> list:
     """Hooks that ablate ``heads`` (``method``: zero / mean / resample); none for an empty set."""
     if not heads:
@@ -58,11 +70,13 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
     ``ranking`` is a list of ``(layer, head)`` (e.g. ``scan.top(30)``); ``k``
     larger than the ranking is clipped and reported as such.
     """
+    _check_inputs(model, task_sets, evaluator)
     ranking = model.check_head_set(ranking)
+    if isinstance(ks, (str, bytes)) or not hasattr(ks, "__iter__"):
+        raise InputError(f"ks must be a list of head counts, e.g. (0, 10, 20), got {ks!r}")
     rows = []
     for k in ks:
-        if k < 0:
-            raise InputError(f"k must be >= 0, got {k}")
+        k = count(k, "k (heads removed)", minimum=0)
         heads = list(ranking[:k])
         row: dict[str, Any] = {"k": k, "n_removed": len(heads), "heads": [list(h) for h in heads]}
         row.update(evaluate_sets(model, task_sets, head_ablation_hooks(model, heads, method, reference), evaluator))
@@ -76,6 +90,7 @@ def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[st
     """Evaluate with exactly ``heads`` ablated, next to the clean model.  ``method="resample"`` without a
     ``reference``: each prompt's heads take their outputs on another prompt of the same set (a seeded
     derangement, :func:`gather_aggregate.interventions.resample_hooks`)."""
+    _check_inputs(model, task_sets, evaluator)
     heads = model.check_head_set(heads)
     if not heads:
         raise InputError("empty head set: pass the heads to remove")
@@ -92,6 +107,7 @@ def keep_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str,
               kinds: Sequence[LayerKind] | None = None, method: Method = "zero", reference: Any = None,
               evaluator: Evaluator | None = None) -> dict[str, Any]:
     """Evaluate with every head (of ``kinds``, default all kinds) ablated except ``heads``."""
+    _check_inputs(model, task_sets, evaluator)
     removed = heads_except(model, heads, kinds)
     if not removed:
         raise InputError("keep-only removes nothing: the kept set is every head")
@@ -128,6 +144,7 @@ def layer_pruning(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], *,
     * ``mode="individual"``: remove each layer alone and reinsert it before the
       next (one row per layer, plus the clean model as ``layer=None``).
     """
+    _check_inputs(model, task_sets, evaluator)
     n = model.n_layers
     rows: list[dict[str, Any]] = []
     if mode == "from_end":

@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gather_aggregate.checks import check_model, names
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import Head, HookedModel, LayerKind
 
@@ -127,6 +128,8 @@ def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method =
                      *, per_position: bool = True, seed: int = 0, n_pos: int | None = None,
                      inputs: Tensor | None = None) -> Replacement:
     """Validate an ablation spec and precompute reference head values for mean/resample."""
+    check_model(model)
+    heads = model.check_head_set(heads)
     if method not in METHODS:
         raise InputError(f"unknown ablation method {method!r}; use one of {METHODS}")
     if method == "zero":
@@ -213,6 +216,7 @@ def ablate(model: HookedModel, heads: Sequence[Head], method: Method = "zero", r
     >>> with ablate(model, [(1, 0), (1, 3)]):            # doctest: +SKIP
     ...     logits = model(tokens)
     """
+    check_model(model)
     rep = make_replacement(model, model.check_head_set(heads), method, reference, per_position=per_position,
                            seed=seed)
     with model.hooks(fwd_hooks=ablation_hooks(model, heads, rep)):
@@ -222,6 +226,7 @@ def ablate(model: HookedModel, heads: Sequence[Head], method: Method = "zero", r
 def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], method: Method = "zero",
                 reference: Tensor | None = None, *, per_position: bool = True, seed: int = 0) -> Tensor:
     """Logits with ``heads`` ablated (the hooks are gone when it returns)."""
+    check_model(model)
     tokens = model.validate_tokens(tokens)
     rep = make_replacement(model, model.check_head_set(heads), method, reference, per_position=per_position,
                            seed=seed, n_pos=tokens.shape[1], inputs=tokens)
@@ -232,6 +237,7 @@ def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], metho
 def heads_except(model: HookedModel, keep: Sequence[Head], kinds: Sequence[LayerKind] | None = None) -> list[Head]:
     """Every head (of ``kinds``) not in ``keep``: the complement for keep-only experiments."""
     keep_set = set(model.check_head_set(keep)) if keep else set()
+    kinds = None if kinds is None else names(kinds, "kinds")  # type: ignore[assignment]
     return [hd for hd in model.all_heads(kinds) if hd not in keep_set]
 
 

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 
 from gather_aggregate import layer_resume
+from gather_aggregate.checks import check_model, count
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import as_index
 from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
 from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.readout import ReadoutMetric
@@ -44,6 +46,7 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
     sweep (default: every position).  ``score`` in the table is the normalised
     effect.  ``max_rows``: as in :func:`~gather_aggregate.scan.exact_scan`.
     """
+    check_model(model)
     check_metric_fn(metric)
     clean = model.validate_tokens(clean)
     corrupted = model.validate_tokens(corrupted)
@@ -55,7 +58,9 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
         raise InputError("empty head set: pass heads=None to patch every head")
     n_pos = clean.shape[1]
     if positions is not None:
-        positions = [p % n_pos for p in positions]
+        if isinstance(positions, (str, bytes)) or not hasattr(positions, "__iter__"):
+            raise InputError(f"positions must be a list of token positions, e.g. [3, -1], got {positions!r}")
+        positions = [as_index(p, "a position") % n_pos for p in positions]
         if not per_position:
             raise InputError("positions= only applies with per_position=True")
     pos_list: list[int | None] = (list(positions) if positions is not None else list(range(n_pos))) \
@@ -71,7 +76,7 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
         m_corr = _check_metric(metric(corr_logits), "corrupted run")
         how = layer_resume.verify(model, cache, how, corr_logits)
         denom = m_clean - m_corr
-        per_fwd = max(1, (max_rows or default_max_rows(model)) // batch)
+        per_fwd = max(1, (default_max_rows(model) if max_rows is None else count(max_rows, "max_rows")) // batch)
         edits_all = [Edit(la, h, p) for la, hs in group_by_layer(heads).items() for h in hs for p in pos_list]
         bar = _progress(len(edits_all), "patching", progress)
         rows = []

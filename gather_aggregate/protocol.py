@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from gather_aggregate.checks import token_tensor
 from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
 from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
@@ -290,8 +291,7 @@ class ProtocolMixin:
 
         if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], str)):
             return self.to_tokens(tokens)
-        if not isinstance(tokens, torch.Tensor):
-            tokens = torch.as_tensor(tokens)
+        tokens = token_tensor(tokens)
         if tokens.dim() == 1:
             tokens = tokens[None]
         if tokens.dim() != 2:

@@ -15,12 +15,12 @@ count is approximate in either direction.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from gather_aggregate.checks import count, number
 from gather_aggregate.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,8 +34,13 @@ def compare_rankings(a: ScanResult, b: ScanResult, k: int = 5, *, z: float = 2.0
     orders beyond ``z`` combined standard errors) and ``resolved_agreement`` (the share of them ``b`` orders the
     same way; NaN when there are none).
     """
-    if not math.isfinite(z) or z < 0:
-        raise InputError(f"z must be a finite number >= 0 of standard errors, got {z}")
+    from gather_aggregate.scan import ScanResult
+
+    for what, res in (("a", a), ("b", b)):
+        if not isinstance(res, ScanResult):
+            raise InputError(f"{what} must be a ScanResult (what exact_scan / attribution_scan return, or "
+                             f"ScanResult.load(path)), got {type(res).__name__}")
+    k, z = count(k, "k"), number(z, "z (standard errors)", minimum=0)
     sa, sb = a.scores(), b.scores()
     common = sorted(set(sa) & set(sb))
     if len(common) < 2:

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate import layer_resume
+from gather_aggregate.checks import check_model, count, names, number
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
 from gather_aggregate.indices import as_index
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
@@ -70,6 +71,7 @@ class ScanResult:
         ``benchmarks/bench_shortlist.py`` measures both)."""
         if by not in ("score", "magnitude"):
             raise InputError(f"by must be 'score' or 'magnitude', got {by!r}")
+        k, kinds = count(k, "k", minimum=0), None if kinds is None else names(kinds, "kinds")
         rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
         if by == "magnitude":
             rows.sort(key=lambda r: (-abs(r["score"]), r["layer"], r["head"]))
@@ -82,8 +84,7 @@ class ScanResult:
         The test is per head: of heads with no effect, about 2.3 % pass ``z = 2`` by chance (normal approximation),
         so on a model of many heads take a larger ``z`` (Bonferroni: ``z = 3.9`` keeps the chance of any false
         pass under 5 % at 1024 heads)."""
-        if not math.isfinite(z) or z < 0:
-            raise InputError(f"z must be a finite number >= 0 of standard errors, got {z}")
+        z, kinds = number(z, "z (standard errors)", minimum=0), None if kinds is None else names(kinds, "kinds")
         if not self.rows or any("stderr" not in r for r in self.rows):
             raise InputError("this scan has no per-prompt standard errors; scan exactly with a per-prompt metric "
                              "(tasks.task_metric, or ReadoutMetric.mean_of) on two or more prompts")
@@ -198,6 +199,7 @@ def _prompt_values(metric: Metric, logits: Tensor, at_readout: bool) -> Tensor |
 
 
 def _prepare(model: HookedModel, tokens: Any, heads: Sequence[Head] | None, metric: Any) -> tuple[Tensor, list[Head]]:
+    check_model(model)
     check_metric_fn(metric)
     tokens = model.validate_tokens(tokens)
     heads = model.all_heads() if heads is None else model.check_head_set(heads)
@@ -260,6 +262,10 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     """
     if resume and out is None:
         raise InputError("resume=True needs out=PATH, the table an interrupted scan wrote")
+    if out is not None and not isinstance(out, (str, Path)):
+        raise InputError(f"out must be a file path (str or Path) for the scan table, got {type(out).__name__}")
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise InputError(f"ray_address must be 'auto' or 'host:port', got {type(ray_address).__name__}")
     if max_rows is not None and (as_index(max_rows, "max_rows") < 1):
         raise InputError(f"max_rows={max_rows}: pass a positive number of stacked rows per forward, or None")
     if ray or ray_address is not None:

@@ -222,7 +222,7 @@ def test_exact_and_naive_scans_give_each_heads_standard_error_over_prompts(setup
     assert all("stderr" not in r for r in plain.rows)
     with pytest.raises(errors.InputError, match="no per-prompt standard errors"):
         plain.significant()
-    with pytest.raises(errors.InputError, match="z must be"):
+    with pytest.raises(errors.InputError, match=r"z \(standard errors\) must be a finite number"):
         exact.significant(z=-1)
     bad = ReadoutMetric.mean_of(lambda la: la[:, 0, :2], positions)  # [batch, 2]: not one value per prompt
     with pytest.raises(errors.InputError, match="one value per prompt"):
@@ -451,5 +451,5 @@ def test_compare_rankings_counts_the_pairs_the_reference_resolves():
     assert cmp["resolved_agreement"] == pytest.approx((1 + 1 + 0.5 + 0 + 0) / 5)  # (1,3), (2,3) reversed
     assert compare_rankings(ref, other, k=2, z=0.0)["resolved_pairs"] == 6
     assert "resolved_pairs" not in compare_rankings(other, ref, k=2)  # the reference has no standard errors
-    with pytest.raises(errors.InputError, match="z must be"):
+    with pytest.raises(errors.InputError, match=r"z \(standard errors\) must be a finite number"):
         compare_rankings(ref, other, z=float("nan"))

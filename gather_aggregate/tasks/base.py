@@ -39,11 +39,11 @@ Conventions (all positions are token positions in ``input_ids``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gather_aggregate.errors import ContextLengthError, TaskError
+from gather_aggregate.errors import ContextLengthError, InputError, TaskError
 
 if TYPE_CHECKING:  # pragma: no cover
     from jaxtyping import Bool, Int
@@ -440,3 +440,26 @@ def collate(examples: Sequence[Example], pad_id: int = 0, *, device: Any = None)
         cand_mask=cand >= 0,
     )
     return batch.to(device) if device is not None else batch
+
+
+def check_examples(examples: Any, what: str = "examples") -> list[Any]:
+    """A non-empty list of task examples (``task.examples(tokenizer, n=...)``)."""
+    if isinstance(examples, (str, bytes, Mapping)) or not isinstance(examples, (Sequence, tuple)):
+        raise InputError(f"{what} must be a list of Example, as task.examples(tokenizer, n=...) returns, "
+                         f"got {type(examples).__name__}")
+    items = list(examples)
+    bad = next((e for e in items if not isinstance(e, Example)), None)
+    if bad is not None:
+        raise InputError(f"{what} must hold Example objects (task.examples(tokenizer, n=...)), got a "
+                         f"{type(bad).__name__}")
+    if not items:
+        raise InputError(f"{what} is empty; pass at least one Example (task.examples(tokenizer, n=...))")
+    return items
+
+
+def check_task_sets(task_sets: Any) -> dict[str, list[Any]]:
+    """A mapping of task name -> examples (the experiments' ``task_sets``)."""
+    if not isinstance(task_sets, Mapping) or not task_sets:
+        raise InputError(f"task_sets must be a non-empty dict name -> examples, e.g. {{'kv': task.examples(tok, "
+                         f"n=64)}}, got {type(task_sets).__name__}")
+    return {str(k): check_examples(v, f"task_sets[{k!r}]") for k, v in task_sets.items()}

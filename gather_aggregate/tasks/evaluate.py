@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gather_aggregate.errors import InputError, TaskError
+from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import HookedModel, check_hook_names, pad_id_of
 from gather_aggregate.tasks.base import Batch, Example, check_context, collate
 
@@ -183,6 +184,8 @@ def _resolve_examples(model: HookedModel, task_or_examples: Any, n: int | None, 
             raise InputError("the model has no tokenizer to build the task's prompts; pass examples instead")
         kwargs = {} if n is None else {"n": n}
         return list(task_or_examples.examples(tok, seed=seed, **kwargs))
+    if isinstance(task_or_examples, (str, bytes)) or not hasattr(task_or_examples, "__iter__"):
+        raise InputError(f"evaluate takes a task or a list of tasks.Example, got {type(task_or_examples).__name__}")
     examples = list(task_or_examples)
     if not examples:
         raise TaskError("no examples to evaluate (empty dataset); build the task with n >= 1")
@@ -219,8 +222,13 @@ def evaluate(
     continuations too (for checks and benchmarks).  Prompts that tokenise to
     more than 5% unknown tokens raise an ``UnknownTokenWarning``.
     """
-    if batch_size < 1:
-        raise InputError(f"batch_size={batch_size}: use a positive batch size")
+    from gather_aggregate.checks import check_model, count
+
+    check_model(model)
+    batch_size, seed = count(batch_size, "batch_size"), as_index(seed, "seed")
+    if not callable(fwd_hooks) and (isinstance(fwd_hooks, (str, bytes)) or not isinstance(fwd_hooks, (list, tuple))):
+        raise InputError(f"fwd_hooks must be a list of (hook_name, fn) pairs or a function batch -> hooks, got "
+                         f"{type(fwd_hooks).__name__}")
     exs = _resolve_examples(model, examples, n, seed)
     from gather_aggregate.tasks.unknown import warn_if_unknown
 

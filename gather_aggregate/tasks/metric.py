@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import pad_id_of
-from gather_aggregate.tasks.base import Example, collate
+from gather_aggregate.tasks.base import Example, check_examples, collate
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -30,8 +30,12 @@ def task_metric(model: HookedModel, examples: Sequence[Example],
     """
     import torch
 
+    from gather_aggregate.checks import check_model
     from gather_aggregate.readout import ReadoutMetric
     from gather_aggregate.tasks.evaluate import correct_logprob, logit_diff
+
+    check_model(model)
+    examples = check_examples(examples)
 
     if kind not in ("logprob", "logit_diff"):
         raise InputError(f"metric kind must be 'logprob' or 'logit_diff', got {kind!r}")

@@ -1,0 +1,69 @@
+"""Argument checks shared by the public entry points: one clear :class:`InputError` line for a wrong type.
+
+Each check names what the caller should pass instead.  Indices (layers, heads, rows) are checked in
+:mod:`gather_aggregate.indices`, heads and tokens by the model (:mod:`gather_aggregate.protocol`), task examples in
+:mod:`gather_aggregate.tasks.base`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.indices import as_index
+
+
+def check_model(model: Any, what: str = "model") -> None:
+    """Refuse anything that is not a hooked model of this package (a raw HF model, a path, None)."""
+    from gather_aggregate.protocol import HookedModel
+
+    if not isinstance(model, HookedModel):
+        hint = "load it with load_model(path)" if isinstance(model, str) or hasattr(model, "__fspath__") else \
+            "wrap it: from_hf_model(hf_model, tokenizer)" if hasattr(model, "config") else "use load_model(name_or_path)"
+        raise InputError(f"{what} must be a gather_aggregate model, got {type(model).__name__}; {hint}")
+
+
+def count(x: Any, what: str, minimum: int = 1) -> int:
+    """A whole number ``>= minimum`` (a batch size, a top-k, a number of rows)."""
+    n = as_index(x, what)
+    if n < minimum:
+        raise InputError(f"{what} must be at least {minimum}, got {n}")
+    return n
+
+
+def number(x: Any, what: str, minimum: float | None = None) -> float:
+    """A finite real number (``>= minimum`` when given); bools, strings and tensors of several values refused."""
+    if isinstance(x, bool) or not (isinstance(x, (int, float)) or hasattr(x, "__float__") and getattr(x, "ndim", 0) == 0):
+        raise InputError(f"{what} must be a number, got {type(x).__name__}")
+    v = float(x)
+    if not math.isfinite(v) or (minimum is not None and v < minimum):
+        raise InputError(f"{what} must be a finite number{'' if minimum is None else f' >= {minimum}'}, got {v}")
+    return v
+
+
+def seed(x: Any, what: str = "seed") -> int:
+    """A random seed: an integer (NumPy and 0-d integer tensors too)."""
+    return as_index(x, what)
+
+
+def names(x: Any, what: str) -> list[str]:
+    """A list of strings (e.g. head kinds ``["attn", "ssm"]``); one string alone is refused as ambiguous."""
+    if isinstance(x, (str, bytes)) or not isinstance(x, (Sequence, set, frozenset)) \
+            or not all(isinstance(v, str) for v in x):
+        raise InputError(f"{what} must be a list of names such as ['attn'] or ['ssm'], got {x!r}")
+    return list(x)
+
+
+def token_tensor(tokens: Any) -> Any:
+    """``tokens`` as a tensor (a tensor passes through; nested lists of ints are converted), or one clear line."""
+    import torch
+
+    if isinstance(tokens, torch.Tensor):
+        return tokens
+    try:
+        return torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"tokens must be token ids (a [batch, pos] integer tensor or lists of ints) or text, got "
+                         f"{type(tokens).__name__}") from None
