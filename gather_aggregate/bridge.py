@@ -401,7 +401,7 @@ class BridgeModel(ProtocolMixin):
                                             "weights); load the model with attn_implementation='eager'")
         else:
             cache = tokens_or_cache
-            if not hasattr(cache, "__contains__") or not hasattr(cache, "__getitem__"):
+            if not hasattr(cache, "__getitem__") or isinstance(cache, (int, float)):
                 raise InputError(f"pattern takes tokens, text or a cache from run_with_cache, got "
                                  f"{type(cache).__name__}")
             if name not in cache:

@@ -14,22 +14,25 @@ from typing import Any
 from gather_aggregate.errors import InputError
 from gather_aggregate.indices import as_index
 
+#: what every analysis calls on a model (the core of :class:`gather_aggregate.protocol.HookedModel`)
+MODEL_MEMBERS = ("layers", "all_heads", "check_head_set", "head_hook", "validate_tokens", "run_with_hooks", "hooks")
 
-def check_model(model: Any, what: str = "model") -> None:
-    """Refuse anything that is not a hooked model of this package (a raw HF model, a path, None)."""
-    from gather_aggregate.protocol import HookedModel
 
-    if not isinstance(model, HookedModel):
-        hint = "load it with load_model(path)" if isinstance(model, str) or hasattr(model, "__fspath__") else \
-            "wrap it: from_hf_model(hf_model, tokenizer)" if hasattr(model, "config") else "use load_model(name_or_path)"
-        raise InputError(f"{what} must be a gather_aggregate model, got {type(model).__name__}; {hint}")
+def check_model(model: Any, what: str = "model", needs: Sequence[str] = MODEL_MEMBERS) -> None:
+    """Refuse anything that is not a hooked model of this package (a raw HF model, a path, None): ``model`` must
+    have every member in ``needs`` (evaluate asks only for ``__call__`` and ``hooks``)."""
+    if all(callable(model) if m == "__call__" else hasattr(model, m) for m in needs):
+        return
+    hint = "load it with load_model(path)" if isinstance(model, str) or hasattr(model, "__fspath__") else \
+        "wrap it: from_hf_model(hf_model, tokenizer)" if hasattr(model, "config") else "use load_model(name_or_path)"
+    raise InputError(f"{what} must be a gather_aggregate model, got {type(model).__name__}; {hint}")
 
 
 def count(x: Any, what: str, minimum: int = 1) -> int:
     """A whole number ``>= minimum`` (a batch size, a top-k, a number of rows)."""
     n = as_index(x, what)
     if n < minimum:
-        raise InputError(f"{what} must be at least {minimum}, got {n}")
+        raise InputError(f"{what}={n}: pass a whole number >= {minimum}")
     return n
 
 

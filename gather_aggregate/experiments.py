@@ -48,7 +48,7 @@ def _check_inputs(model: Any, task_sets: Any, evaluator: Any) -> None:
     from gather_aggregate.tasks.base import check_task_sets
 
     check_model(model)
-    check_task_sets(task_sets)
+    check_task_sets(task_sets, examples=evaluator is None)
     if evaluator is not None and not callable(evaluator):
         raise InputError(f"evaluator must be a function (model, examples, hooks) -> float, or None for accuracy, "
                          f"got {type(evaluator).__name__}")

@@ -34,10 +34,8 @@ def compare_rankings(a: ScanResult, b: ScanResult, k: int = 5, *, z: float = 2.0
     orders beyond ``z`` combined standard errors) and ``resolved_agreement`` (the share of them ``b`` orders the
     same way; NaN when there are none).
     """
-    from gather_aggregate.scan import ScanResult
-
     for what, res in (("a", a), ("b", b)):
-        if not isinstance(res, ScanResult):
+        if not all(hasattr(res, m) for m in ("rows", "scores", "top")):
             raise InputError(f"{what} must be a ScanResult (what exact_scan / attribution_scan return, or "
                              f"ScanResult.load(path)), got {type(res).__name__}")
     k, z = count(k, "k"), number(z, "z (standard errors)", minimum=0)

@@ -457,9 +457,10 @@ def check_examples(examples: Any, what: str = "examples") -> list[Any]:
     return items
 
 
-def check_task_sets(task_sets: Any) -> dict[str, list[Any]]:
-    """A mapping of task name -> examples (the experiments' ``task_sets``)."""
+def check_task_sets(task_sets: Any, examples: bool = True) -> dict[str, Any]:
+    """A mapping of task name -> examples (the experiments' ``task_sets``); with ``examples=False`` (a custom
+    evaluator reads them) the values are not checked."""
     if not isinstance(task_sets, Mapping) or not task_sets:
         raise InputError(f"task_sets must be a non-empty dict name -> examples, e.g. {{'kv': task.examples(tok, "
                          f"n=64)}}, got {type(task_sets).__name__}")
-    return {str(k): check_examples(v, f"task_sets[{k!r}]") for k, v in task_sets.items()}
+    return {str(k): check_examples(v, f"task_sets[{k!r}]") if examples else v for k, v in task_sets.items()}

@@ -224,7 +224,7 @@ def evaluate(
     """
     from gather_aggregate.checks import check_model, count
 
-    check_model(model)
+    check_model(model, needs=("__call__", "hooks"))
     batch_size, seed = count(batch_size, "batch_size"), as_index(seed, "seed")
     if not callable(fwd_hooks) and (isinstance(fwd_hooks, (str, bytes)) or not isinstance(fwd_hooks, (list, tuple))):
         raise InputError(f"fwd_hooks must be a list of (hook_name, fn) pairs or a function batch -> hooks, got "
