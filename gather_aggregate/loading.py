@@ -188,9 +188,32 @@ def load_tokenizer(source: str) -> Any:
             "tokenizer.save_pretrained(dir), or pass tokenizer=... to load_model"
         )
     try:
-        return AutoTokenizer.from_pretrained(source)
+        tok = AutoTokenizer.from_pretrained(source)
+        if _replaced_tokenizer_model(source, tok):
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(source)
+        return tok
     except Exception as exc:  # noqa: BLE001
         raise TokenizerMissingError(f"could not load the tokenizer of {source!r}: {exc}; pass tokenizer=...") from None
+
+
+def _replaced_tokenizer_model(source: str, tok: Any) -> bool:
+    """Whether ``AutoTokenizer`` swapped the directory's own ``tokenizer.json`` model for another: transformers 5
+    builds a model type's own tokenizer class (e.g. ``Qwen2Tokenizer``, a BPE) from the file's vocabulary, so a
+    Qwen2-typed checkpoint with a word-level ``tokenizer.json`` would silently lose every word's token."""
+    import json
+
+    path = Path(source) / "tokenizer.json"
+    backend = getattr(tok, "backend_tokenizer", None)
+    if not path.is_file() or backend is None:
+        return False
+    try:
+        shipped = json.loads(path.read_text())["model"]["type"]
+        loaded = json.loads(backend.to_str())["model"]["type"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(shipped != loaded)
 
 
 def _is_mamba_ssm_checkpoint(name_or_path: Any) -> bool:

@@ -204,6 +204,21 @@ def test_missing_tokenizer_is_named(tmp_path):
         load_model(tmp_path)
 
 
+def test_shipped_word_level_tokenizer_survives_a_model_type_with_its_own_tokenizer(tmp_path):
+    """transformers 5's AutoTokenizer builds Qwen2Tokenizer (a BPE) for a qwen2 config, dropping every word of a
+    shipped word-level tokenizer.json; load_tokenizer keeps the directory's own tokenizer."""
+    import json
+
+    from gather_aggregate.loading import load_tokenizer
+    from gather_aggregate.tasks.wordlevel import word_level_tokenizer
+
+    tok = word_level_tokenizer(["table : 117 @ bado | get bado ?"])
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    text = "table : 117 @ bado | get bado ?"
+    assert load_tokenizer(str(tmp_path))(text)["input_ids"] == tok(text)["input_ids"]
+
+
 def test_missing_config_is_named(tmp_path):
     with pytest.raises(errors.ModelLoadError, match="config.json"):
         load_model(tmp_path)
