@@ -1,0 +1,201 @@
+"""Train holdout models for an out-of-sample check of the G&A detector: families and prompt formats that neither
+the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-qwen2 --out /tmp/ho/arrow-qwen2
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-llama --out /tmp/ho/arrow-llama
+
+(``--ship`` copies the result into ``tests/fixtures/models/<which>``; ``--resume`` goes on from ``--out``.)
+
+* Formats: ``tests/fixtures/holdout_formats.py``.  ``arrow``: ``map : k -> v , ... , ? k ->`` (summary token
+  ``,``); ``table``: ``table : v @ k | ... | get k ?`` (the value before its key; summary token ``|``).
+* ``*-qwen2``: ``Qwen2ForCausalLM`` (q/k/v biases, grouped-query attention: 4 query heads share 2 key/value
+  heads), 2 layers, d 128, FFN 256; seed 11, world seed 6.
+* ``arrow-llama``: ``LlamaForCausalLM`` (the fixtures' family, fresh seeds), 2 layers, d 128, 4 heads, FFN 256;
+  seed 13, world seed 7.
+* ``table-neox``: ``GPTNeoXForCausalLM`` (pythia's family: parallel residual, partial rotary 0.25), 2 layers,
+  d 128, 4 heads, FFN 256; seed 7, world seed 5.
+
+Measured (shared 2-core CPU, two runs side by side): neither ``table`` run learnt the table format in ~20 min:
+``table-qwen2`` learnt the MQAR warm-up (0.96 at step 550) but stayed at table8 0.07-0.15 (copying some value of
+the prompt: 1/8) up to step 900; ``table-neox`` never left chance on MQAR in its 800 warm-up steps (table8 0.17 at
+step 1150).  The value-before-key order defeats the warm-up's adjacent-pair circuit, as TOY_TRIALS Trial 3 found for
+the zoo's lines; it would need the ~2k-step plateau, which this CPU could not give in the budget.
+
+Training is the fixtures' recipe (TOY_TRIALS Trial 4) with the project's own pieces
+(:mod:`gather_aggregate.training`): an MQAR warm-up (adjacent ``k v`` pairs, loss on every queried value) until its
+first-query accuracy reaches 0.9 (at most 800 steps), then the holdout format with dense queries (every later
+query is a target too; keys drawn with replacement), a third of the documents still MQAR.  AdamW (0.9/0.98,
+wd 0.1), lr 1e-3 with 100 warm-up steps and cosine decay over 4000, batch 64, fresh data every step, one thread.
+Stops when the held-out first-query accuracy of the format (8 pairs, 96 prompts, all 128 values as candidates)
+reaches 0.95 or after ``--max-minutes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+
+from holdout_formats import FORMATS, render  # noqa: E402
+from train_fixtures import _accuracy, ship  # noqa: E402
+
+HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5),
+            "table-qwen2": dict(family="qwen2", fmt="table", seed=11, world_seed=6),
+            "arrow-qwen2": dict(family="qwen2", fmt="arrow", seed=11, world_seed=6),
+            "arrow-llama": dict(family="llama", fmt="arrow", seed=13, world_seed=7)}
+N_EVAL_PAIRS = 8
+
+
+def format_world(seed: int, fmt: str) -> Any:
+    from gather_aggregate.training.vocab import World, make_world
+
+    class TableWorld(World):
+        @property
+        def words(self) -> list[str]:  # the zoo's words plus the format's own
+            base = super().words
+            return base + [w for w in FORMATS[fmt]["words"] if w not in base]
+
+    w = make_world(seed)
+    return TableWorld(**{f: getattr(w, f) for f in w.__dataclass_fields__})
+
+
+def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: int) -> Any:
+    """A fresh 2-layer, d-128 HF causal LM of ``family`` (seeded by ``seed``)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=eos_id,
+                  tie_word_embeddings=False, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=1024)
+    if family == "neox":
+        return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(rotary_pct=0.25, **common))
+    if family == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **common))
+    if family == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=4, **common))
+    raise ValueError(f"unknown family {family!r}; choose neox, qwen2 or llama")
+
+
+def doc(world: Any, rng: random.Random, kind: str, n_pairs: int, n_queries: int) -> list[tuple[str, bool]]:
+    """One training document: an MQAR sequence (``kind="mqar"``) or format ``kind``'s prompt, with ``n_queries``
+    supervised queries."""
+    keys = rng.sample(world.kv_keys, n_pairs)
+    vals = rng.sample(world.kv_values, n_pairs)
+    table = dict(zip(keys, vals))
+    q = rng.choice(keys)
+    if kind == "mqar":
+        out = [(" ".join(f"{k} {v}" for k, v in table.items()) + f" {q}", False), (f" {table[q]}", True)]
+        follow = " {}"
+    else:
+        out = [(render(kind, list(table.items()), q), False), (f" {table[q]}", True)]
+        follow = FORMATS[kind]["follow"]
+    for _ in range(n_queries - 1):
+        q = rng.choice(keys)
+        out += [(follow.format(k=q), False), (f" {table[q]}", True)]
+    return out
+
+
+def eval_items(world: Any, kind: str, n: int, seed: int) -> list[tuple[str, str, list[str]]]:
+    from gather_aggregate.training.data import mqar_prompt, recall_items
+
+    def prompt(pairs: Any, key: str) -> str:
+        return render(kind, pairs, key)
+
+    items = recall_items(world, random.Random(seed), N_EVAL_PAIRS, n, mqar_prompt if kind == "mqar" else prompt)
+    return [(it.prompt, it.answer, it.candidates) for it in items]
+
+
+def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resume: bool = False) -> dict:
+    import torch
+
+    from gather_aggregate.training.data import collate
+    from gather_aggregate.training.train import TrainConfig, lr_at, train_step
+    from gather_aggregate.training.vocab import PAD, build_tokenizer
+
+    h = HOLDOUTS[which]
+    torch.set_num_threads(1)
+    fmt = h["fmt"]
+    world = format_world(h["world_seed"], fmt)
+    tok = build_tokenizer(world)
+    vocab = world.vocab()
+    pad_id = vocab[PAD]
+    model = build_holdout(h["family"], h["seed"], len(vocab), pad_id, tok.eos_token_id)
+    log: list[dict] = []
+    first, warm, done_minutes, resumed_at = 0, True, 0.0, []
+    if resume:  # go on from the last checkpoint in ``out`` (weights only: the optimiser state starts afresh)
+        from transformers import AutoModelForCausalLM
+
+        rec = json.loads((out / "fixture.json").read_text())
+        model = AutoModelForCausalLM.from_pretrained(out)
+        log, first = rec["log"], rec["steps_done"]
+        log = [r for r in log if r["step"] <= first]
+        warm, done_minutes = log[-1]["warmup"], log[-1]["minutes"]
+        resumed_at = rec.get("resumed_at", []) + [first]
+    sched = TrainConfig(arch="llama", out=str(out), steps=4000, seed=h["seed"], lr=1e-3, warmup=100).resolved()
+    opt = torch.optim.AdamW(model.parameters(), lr=sched.lr, betas=(0.9, 0.98), weight_decay=0.1)
+    rng = random.Random(h["seed"]) if first == 0 else random.Random(f"{h['seed']}:{first}")
+    ev_mqar = eval_items(world, "mqar", 96, 20_001)
+    ev_fmt = eval_items(world, fmt, 96, 20_002)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time() - 60 * done_minutes
+    for step in range(first, sched.steps):
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, sched)
+        docs = []
+        for _ in range(64):
+            kind = "mqar" if warm or rng.random() < 1 / 3 else fmt
+            docs.append(doc(world, rng, kind, 8 if kind == "mqar" else rng.randint(4, 10), rng.randint(12, 20)))
+        x, y = collate(docs, vocab, pad_id)
+        loss = train_step(model, opt, x, y)
+        if (step + 1) % 50 == 0:
+            minutes = (time.time() - t0) / 60
+            row = {"step": step + 1, "minutes": round(minutes, 2), "loss": round(loss.item(), 4), "warmup": warm,
+                   "mqar8": _accuracy(model, ev_mqar, vocab, pad_id),
+                   f"{fmt}8": _accuracy(model, ev_fmt, vocab, pad_id)}
+            log.append(row)
+            print(json.dumps(row), flush=True)
+            if warm and (row["mqar8"] >= 0.9 or step + 1 >= 800):
+                warm = False
+            done = row[f"{fmt}8"] >= target or minutes > max_minutes
+            if done or (step + 1) % 250 == 0:
+                model.save_pretrained(out, safe_serialization=True)
+                tok.save_pretrained(out)
+                rec = {"arch": h["family"], "hf_class": type(model).__name__, "format": fmt,
+                       "format_words": FORMATS[fmt]["words"], "summary_token": FORMATS[fmt]["summary"],
+                       "seed": h["seed"],
+                       "world_seed": h["world_seed"], "kv_keys": world.kv_keys, "kv_values": world.kv_values,
+                       "n_params": sum(p.numel() for p in model.parameters()), "steps_done": step + 1,
+                       "final": row, "log": log, "resumed_at": resumed_at,
+                       "command": f"OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py {which} "
+                                  f"--out DIR --max-minutes {max_minutes:g}"}
+                (out / "fixture.json").write_text(json.dumps(rec, indent=1))
+            if done:
+                break
+    return log[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("which", choices=sorted(HOLDOUTS))
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--max-minutes", type=float, default=25.0)
+    p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out (weights, step, log)")
+    p.add_argument("--ship", action="store_true", help="copy the result into tests/fixtures/models/<which>")
+    a = p.parse_args(argv)
+    train(a.which, a.out, a.max_minutes, resume=a.resume)
+    if a.ship:
+        ship(a.out, a.which)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
