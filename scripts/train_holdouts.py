@@ -93,7 +93,7 @@ def doc(world: Any, rng: random.Random, kind: str, n_pairs: int, n_queries: int)
     q = rng.choice(keys)
     if kind == "mqar":
         out = [(" ".join(f"{k} {v}" for k, v in table.items()) + f" {q}", False), (f" {table[q]}", True)]
-        follow = " {}"
+        follow = " {k}"
     else:
         out = [(render(kind, list(table.items()), q), False), (f" {table[q]}", True)]
         follow = FORMATS[kind]["follow"]
