@@ -12,8 +12,10 @@ the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
   heads), 2 layers, d 128, FFN 256; seed 11, world seed 6.
 * ``arrow-llama``: ``LlamaForCausalLM`` (the fixtures' family, fresh seeds), 2 layers, d 128, 4 heads, FFN 256;
   seed 13, world seed 7.
-* ``table-neox``: ``GPTNeoXForCausalLM`` (pythia's family: parallel residual, partial rotary 0.25), 2 layers,
-  d 128, 4 heads, FFN 256; seed 7, world seed 5.
+* ``arrow-mamba1``: ``MambaForCausalLM`` through the project's chunked S6 scan (as the zoo's ``mamba1-ga``: 2 layers,
+  d 128, N 8, lr 2e-3, batch 32; ``ga_head_size`` 32), seed 17, world seed 8.
+* ``arrow-neox`` / ``table-neox``: ``GPTNeoXForCausalLM`` (pythia's family: parallel residual, partial rotary 0.25), 2 layers,
+  d 128, 4 heads, FFN 256; seeds 19 / 7, world seeds 9 / 5.
 
 Measured (shared 2-core CPU, two runs side by side): neither ``table`` run learnt the table format in ~20 min:
 ``table-qwen2`` learnt the MQAR warm-up (0.96 at step 550) but stayed at table8 0.07-0.15 (copying some value of
@@ -49,7 +51,9 @@ from train_fixtures import _accuracy, ship  # noqa: E402
 HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5),
             "table-qwen2": dict(family="qwen2", fmt="table", seed=11, world_seed=6),
             "arrow-qwen2": dict(family="qwen2", fmt="arrow", seed=11, world_seed=6),
-            "arrow-llama": dict(family="llama", fmt="arrow", seed=13, world_seed=7)}
+            "arrow-llama": dict(family="llama", fmt="arrow", seed=13, world_seed=7),
+            "arrow-mamba1": dict(family="mamba1", fmt="arrow", seed=17, world_seed=8, batch=32, lr=2e-3),
+            "arrow-neox": dict(family="neox", fmt="arrow", seed=19, world_seed=9)}
 N_EVAL_PAIRS = 8
 
 
@@ -81,7 +85,14 @@ def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: 
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **common))
     if family == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=4, **common))
-    raise ValueError(f"unknown family {family!r}; choose neox, qwen2 or llama")
+    if family == "mamba1":  # the project's own builder (trains through its chunked S6 scan), as mamba1-ga
+        from gather_aggregate.training.train import TrainConfig, build_model
+
+        cfg = TrainConfig(arch="mamba1", out="", seed=seed, n_layers=2, d_model=128, d_state=8).resolved()
+        model = build_model(cfg, vocab_size, pad_id, eos_id)
+        model.config.ga_head_size = 32  # 8 channel groups of 32 per layer as the detector's heads, as mamba1-ga
+        return model
+    raise ValueError(f"unknown family {family!r}; choose neox, qwen2, llama or mamba1")
 
 
 def doc(world: Any, rng: random.Random, kind: str, n_pairs: int, n_queries: int) -> list[tuple[str, bool]]:
@@ -139,7 +150,8 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
         log = [r for r in log if r["step"] <= first]
         warm, done_minutes = log[-1]["warmup"], log[-1]["minutes"]
         resumed_at = rec.get("resumed_at", []) + [first]
-    sched = TrainConfig(arch="llama", out=str(out), steps=4000, seed=h["seed"], lr=1e-3, warmup=100).resolved()
+    sched = TrainConfig(arch="llama", out=str(out), steps=4000, seed=h["seed"], lr=h.get("lr", 1e-3),
+                        warmup=100).resolved()
     opt = torch.optim.AdamW(model.parameters(), lr=sched.lr, betas=(0.9, 0.98), weight_decay=0.1)
     rng = random.Random(h["seed"]) if first == 0 else random.Random(f"{h['seed']}:{first}")
     ev_mqar = eval_items(world, "mqar", 96, 20_001)
@@ -151,7 +163,7 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
         for g in opt.param_groups:
             g["lr"] = lr_at(step, sched)
         docs = []
-        for _ in range(64):
+        for _ in range(h.get("batch", 64)):
             kind = "mqar" if warm or rng.random() < 1 / 3 else fmt
             docs.append(doc(world, rng, kind, 8 if kind == "mqar" else rng.randint(4, 10), rng.randint(12, 20)))
         x, y = collate(docs, vocab, pad_id)
