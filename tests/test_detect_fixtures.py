@@ -18,8 +18,8 @@ N = 8
 
 def _examples(model, d, n=N):
     sys.path.insert(0, str(FIXTURES))
-    from records import RecordsRetrieval
     from holdout_formats import FORMATS, HoldoutRetrieval
+    from records import RecordsRetrieval
 
     from gather_aggregate.tasks.registry import get_task
 
