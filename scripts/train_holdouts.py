@@ -146,6 +146,10 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
 
         rec = json.loads((out / "fixture.json").read_text())
         model = AutoModelForCausalLM.from_pretrained(out)
+        if h["family"] == "mamba1":  # train through the project's chunked scan again (HF's reference is slow)
+            from gather_aggregate.training.train import set_mamba1_scan
+
+            model = set_mamba1_scan(model, "chunked")
         log, first = rec["log"], rec["steps_done"]
         log = [r for r in log if r["step"] <= first]
         warm, done_minutes = log[-1]["warmup"], log[-1]["minutes"]
