@@ -90,7 +90,13 @@ def conv_accuracy(model, ex, layers, read, seed=None) -> float | None:
 
 
 # Known failures, stated (docs/results.md, "Fresh fixtures"): the detector is not tuned to pass them.
-XFAIL: dict[str, str] = {}
+XFAIL: dict[str, str] = {
+    "arrow-mamba1": "holdout Mamba-1: the Gather is named (layer 1's conv: 64 prompts 0.14 with its lagged taps removed "
+                    "at the ',' vs 0.81 elsewhere) but no Aggregate: layer 1's 8 channel groups all read the correct "
+                    "pair a little (query-row mass 0.21-0.25, selectivity 2.00-2.11), 5 pass the candidate bar, and "
+                    "removing those 5 leaves 0.66 (of 0.89) while all 8 take it to 0.16: the 3 just under the bar "
+                    "carry the rest, so peeling drops every candidate",
+}
 
 
 @pytest.mark.parametrize("d", [pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=XFAIL[d.name]))
