@@ -17,7 +17,10 @@ the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
 * ``arrow-neox`` / ``table-neox``: ``GPTNeoXForCausalLM`` (pythia's family: parallel residual, partial rotary 0.25), 2 layers,
   d 128, 4 heads, FFN 256; seeds 19 / 7, world seeds 9 / 5.
 
-Measured (shared 2-core CPU, two runs side by side): neither ``table`` run learnt the table format in ~20 min:
+Measured (shared 2-core CPU, two runs side by side): ``arrow-qwen2`` 0.98 at step 350 (5.9 min), ``arrow-llama``
+0.97 at step 550 (7.7 min), ``arrow-mamba1`` 0.76 at its 30-minute cap (step 1100), then ``--resume --max-minutes
+40``: 0.89 at step 1500 (40.1 min); ``arrow-neox`` stayed at chance (MQAR 0.16, arrow 0.20 at step 1350, 26.5 min;
+stopped by hand).  Neither ``table`` run learnt the table format in ~20 min:
 ``table-qwen2`` learnt the MQAR warm-up (0.96 at step 550) but stayed at table8 0.07-0.15 (copying some value of
 the prompt: 1/8) up to step 900; ``table-neox`` never left chance on MQAR in its 800 warm-up steps (table8 0.17 at
 step 1150).  The value-before-key order defeats the warm-up's adjacent-pair circuit, as TOY_TRIALS Trial 3 found for
