@@ -54,21 +54,15 @@ def fixture_dirs() -> list:
 
 def fixture_setup(path, n: int, kind: str):
     """``(model, task, tokens, metric)`` for a fixture: its own task, as ``tests/test_detect_fixtures.py`` builds it
-    (records retrieval where the fixture says so, else MQAR or KV with 8 pairs)."""
+    (``tests/fixtures/fixture_tasks.py``)."""
     from gather_aggregate import load_model
     from gather_aggregate.tasks import task_metric
-    from gather_aggregate.tasks.registry import get_task
 
     model = load_model(path)
-    if (path / "fixture.json").is_file():
-        sys.path.insert(0, FIXTURES)
-        from records import RecordsRetrieval
+    sys.path.insert(0, FIXTURES)
+    from fixture_tasks import fixture_task
 
-        task = RecordsRetrieval.for_model(path)
-    elif path.name.startswith("mqar"):
-        task = get_task("mqar", model_dir=path, n_pairs=8, n_queries=1)
-    else:
-        task = get_task("kv", model_dir=path, n_pairs=8)
+    task = fixture_task(path)
     tokens, metric = task_metric(model, task.examples(model.tokenizer, n=n, seed=0), kind=kind)
     return model, task, tokens, metric
 

@@ -4,7 +4,6 @@ retrieval to at most twice chance while random sets of as many other heads do no
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 from pathlib import Path
@@ -18,18 +17,9 @@ N = 8
 
 def _examples(model, d, n=N):
     sys.path.insert(0, str(FIXTURES))
-    from holdout_formats import FORMATS, HoldoutRetrieval
-    from records import RecordsRetrieval
+    from fixture_tasks import fixture_task
 
-    from gather_aggregate.tasks.registry import get_task
-
-    if (d / "fixture.json").is_file():  # the fixtures' own formats: records, or a holdout's (holdout_formats.py)
-        fmt = json.loads((d / "fixture.json").read_text()).get("format", "records")
-        task = HoldoutRetrieval if fmt in FORMATS else RecordsRetrieval
-        return task.for_model(d).examples(model.tokenizer, n=n, seed=0)
-    if d.name.startswith("mqar"):
-        return get_task("mqar", model_dir=d, n_pairs=8, n_queries=1).examples(model.tokenizer, n=n, seed=0)
-    return get_task("kv", model_dir=d, n_pairs=8).examples(model.tokenizer, n=n, seed=0)
+    return fixture_task(d).examples(model.tokenizer, n=n, seed=0)
 
 
 def measure(d: Path, n_random: int = 3) -> dict:
