@@ -210,7 +210,7 @@ def _replaced_tokenizer_model(source: str, tok: Any) -> bool:
         return False
     try:
         shipped = json.loads(path.read_text())["model"]["type"]
-        loaded = json.loads(backend.to_str())["model"]["type"]
+        loaded = type(backend.model).__name__  # tokenizers.models.BPE / WordLevel / Unigram / WordPiece
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return bool(shipped != loaded)
