@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from holdout_formats import FORMATS, render  # noqa: E402
-from train_fixtures import _accuracy, ship  # noqa: E402
+from train_fixtures import _accuracy, _doc, ship  # noqa: E402
 
 HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5),
             "table-qwen2": dict(family="qwen2", fmt="table", seed=11, world_seed=6),
@@ -100,21 +100,11 @@ def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: 
 
 def doc(world: Any, rng: random.Random, kind: str, n_pairs: int, n_queries: int) -> list[tuple[str, bool]]:
     """One training document: an MQAR sequence (``kind="mqar"``) or format ``kind``'s prompt, with ``n_queries``
-    supervised queries."""
-    keys = rng.sample(world.kv_keys, n_pairs)
-    vals = rng.sample(world.kv_values, n_pairs)
-    table = dict(zip(keys, vals))
-    q = rng.choice(keys)
+    supervised queries (the fixtures' document builder with this format's renderer)."""
     if kind == "mqar":
-        out = [(" ".join(f"{k} {v}" for k, v in table.items()) + f" {q}", False), (f" {table[q]}", True)]
-        follow = " {k}"
-    else:
-        out = [(render(kind, list(table.items()), q), False), (f" {table[q]}", True)]
-        follow = FORMATS[kind]["follow"]
-    for _ in range(n_queries - 1):
-        q = rng.choice(keys)
-        out += [(follow.format(k=q), False), (f" {table[q]}", True)]
-    return out
+        return _doc(world, rng, kind, n_pairs, n_queries)
+    return _doc(world, rng, kind, n_pairs, n_queries, render=lambda pairs, q: render(kind, pairs, q),
+                follow=FORMATS[kind]["follow"])
 
 
 def eval_items(world: Any, kind: str, n: int, seed: int) -> list[tuple[str, str, list[str]]]:
