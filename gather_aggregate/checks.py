@@ -46,11 +46,6 @@ def number(x: Any, what: str, minimum: float | None = None) -> float:
     return v
 
 
-def seed(x: Any, what: str = "seed") -> int:
-    """A random seed: an integer (NumPy and 0-d integer tensors too)."""
-    return as_index(x, what)
-
-
 def names(x: Any, what: str) -> list[str]:
     """A list of strings (e.g. head kinds ``["attn", "ssm"]``); one string alone is refused as ambiguous."""
     if isinstance(x, (str, bytes)) or not isinstance(x, (Sequence, set, frozenset)) \
