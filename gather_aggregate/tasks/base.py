@@ -458,9 +458,13 @@ def check_examples(examples: Any, what: str = "examples") -> list[Any]:
 
 
 def check_task_sets(task_sets: Any, examples: bool = True) -> dict[str, Any]:
-    """A mapping of task name -> examples (the experiments' ``task_sets``); with ``examples=False`` (a custom
-    evaluator reads them) the values are not checked."""
+    """A mapping of task name -> examples or a task (the experiments' ``task_sets``, as ``evaluate`` takes them);
+    with ``examples=False`` (a custom evaluator reads them) the values are not checked."""
     if not isinstance(task_sets, Mapping) or not task_sets:
         raise InputError(f"task_sets must be a non-empty dict name -> examples, e.g. {{'kv': task.examples(tok, "
                          f"n=64)}}, got {type(task_sets).__name__}")
-    return {str(k): check_examples(v, f"task_sets[{k!r}]") if examples else v for k, v in task_sets.items()}
+    def checked(k: Any, v: Any) -> Any:  # a task (evaluate builds its prompts) or a list of examples
+        return v if not examples or (hasattr(v, "examples") and not isinstance(v, (list, tuple))) \
+            else check_examples(v, f"task_sets[{k!r}]")
+
+    return {str(k): checked(k, v) for k, v in task_sets.items()}
