@@ -68,17 +68,17 @@ class ReadoutMetric:
         metric.per_prompt = per_prompt
         return metric
 
-    def prompt_values_at(self, logits_at: Float[Tensor, "batch k vocab"]) -> Float[Tensor, " batch"] | None:
-        """One value per prompt (float64, ``[batch]``) on logits taken at the readout positions; None for a
-        metric not built with :meth:`mean_of`."""
+    def evaluate_at(self, logits_at: Float[Tensor, "batch k vocab"]) -> tuple[Any, Tensor | None]:
+        """The metric on logits taken at the readout positions, and its values per prompt (float64 ``[batch]``)
+        for a metric built with :meth:`mean_of` (else None): one call of ``per_prompt`` gives both."""
         if self.per_prompt is None:
-            return None
+            return self.fn(logits_at), None
         v = self.per_prompt(logits_at)
         if not isinstance(v, Tensor) or tuple(v.shape) != (logits_at.shape[0],):
             got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
             raise InputError(f"per_prompt must return one value per prompt, shape ({logits_at.shape[0]},), got "
                              f"{got}; reduce over the readout positions inside it")
-        return v.detach().double()
+        return v.mean(), v.detach().double()
 
     def index(self, batch: int, n_pos: int, copies: int = 1) -> Int[Tensor, "rows k"]:
         """Positions ``[copies * batch, k]`` (non-negative), for ``copies`` stacked copies of the batch."""

@@ -191,11 +191,12 @@ def _stderr(clean: Tensor | None, ablated: Tensor | None) -> float | None:
     return float((clean - ablated).std() / math.sqrt(clean.numel()))
 
 
-def _prompt_values(metric: Metric, logits: Tensor, at_readout: bool) -> Tensor | None:
-    """The metric's per-prompt values on full logits (or on logits already at the readout positions)."""
+def _measure(metric: Metric, logits: Tensor, at_readout: bool) -> tuple[Any, Tensor | None]:
+    """The metric and its per-prompt values (None unless it keeps them, :meth:`ReadoutMetric.mean_of`) on full
+    logits, or on logits already taken at a :class:`ReadoutMetric`'s positions."""
     if not isinstance(metric, ReadoutMetric):
-        return None
-    return metric.prompt_values_at(logits if at_readout else metric.select(logits))
+        return metric(logits), None
+    return metric.evaluate_at(logits if at_readout else metric.select(logits))
 
 
 def _prepare(model: HookedModel, tokens: Any, heads: Sequence[Head] | None, metric: Any) -> tuple[Tensor, list[Head]]:
@@ -223,14 +224,15 @@ def naive_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
                            n_pos=tokens.shape[1], inputs=tokens)
     with torch.no_grad():
-        clean_logits = model(tokens)
-        clean, per_clean = _check_metric(metric(clean_logits), "clean run"), _prompt_values(metric, clean_logits, False)
+        value, per_clean = _measure(metric, model(tokens), False)
+        clean = _check_metric(value, "clean run")
         rows = []
         bar = _progress(len(heads), "naive scan", progress)
         for layer, head in heads:
             logits = model.run_with_hooks(tokens, fwd_hooks=ablation_hooks(model, [(layer, head)], rep))
-            rows.append(_row(model, layer, head, clean, _check_metric(metric(logits), f"head L{layer}H{head}"),
-                             _stderr(per_clean, _prompt_values(metric, logits, False))))
+            value, per = _measure(metric, logits, False)
+            rows.append(_row(model, layer, head, clean, _check_metric(value, f"head L{layer}H{head}"),
+                             _stderr(per_clean, per)))
             bar.update(1)
         bar.close()
     return ScanResult(rows, {"mode": "naive", "method": method, "metric_clean": clean}).ranked()
@@ -290,8 +292,8 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
     with torch.no_grad():
         # one clean forward gives the metric and everything each scanned layer resumes from
         clean_logits, cache = model.run_with_cache(tokens, names_filter=layer_resume.cache_names(model, how))
-        clean = _check_metric(metric(clean_logits), "clean run")
-        per_clean = _prompt_values(metric, clean_logits, False)
+        value, per_clean = _measure(metric, clean_logits, False)
+        clean = _check_metric(value, "clean run")
         meta["metric_clean"] = clean
         how = layer_resume.verify(model, cache, how, clean_logits)
         bar = _progress(len(heads), "exact scan", progress)
@@ -335,10 +337,9 @@ def _chunk_rows(model: HookedModel, chunk: list[Edit], logits: Tensor, metric: M
     ``clean``: the clean metric and its per-prompt values (None if the metric has none)."""
     rows = []
     for i, e in enumerate(chunk):
-        part = logits[i * batch:(i + 1) * batch]
-        m = _check_metric(_apply(metric, readout, part), f"head L{e.layer}H{e.head}")
-        per = _prompt_values(metric, part, readout is not None) if clean[1] is not None else None
-        rows.append(_row(model, e.layer, e.head, clean[0], m, _stderr(clean[1], per)))
+        value, per = _measure(metric, logits[i * batch:(i + 1) * batch], readout is not None)
+        rows.append(_row(model, e.layer, e.head, clean[0], _check_metric(value, f"head L{e.layer}H{e.head}"),
+                         _stderr(clean[1], per)))
     return rows
 
 
