@@ -30,7 +30,7 @@ from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make_mixer
 from gather_aggregate.errors import InputError, NonFiniteError
 from gather_aggregate.indices import layer_bound
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, resolve_rows
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, device_of, resolve_rows
 
 #: Default budget (bytes) for implied-attention computations; ``model.max_pattern_bytes`` overrides.
 DEFAULT_PATTERN_BUDGET = 2 * 1024**3
@@ -282,10 +282,12 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
         else:
             _, cache = self.run_with_cache(tokens_or_cache, names_filter=names, stop_at_layer=L + 1)
             dt, B, C = (cache[n] for n in names)
-        dt, B, C = (t.to(self.device) for t in (dt, B, C))
+        mixer = self.ssm_mixer(L)
+        dev = device_of(mixer)  # its own device: a device_map may place layers apart
+        dt, B, C = (t.to(dev) for t in (dt, B, C))
         row_idx = resolve_rows(rows, dt.shape[0], dt.shape[1], dt.device)
         budget = kwargs.pop("max_bytes", self.max_pattern_bytes)
-        return self.ssm_mixer(L).implied_attention(dt, B, C, heads=heads, rows=row_idx, max_bytes=budget, **kwargs)
+        return mixer.implied_attention(dt, B, C, heads=heads, rows=row_idx, max_bytes=budget, **kwargs)
 
     def __repr__(self) -> str:
         c = self.cfg

@@ -115,12 +115,20 @@ def plan(model: nn.Module, device_map: Any, dtype: torch.dtype,
 
 
 def dispatch(model: nn.Module, mods: Mapping[str, torch.device]) -> nn.Module:
-    """Let accelerate move activations between devices when the plan spans several."""
+    """Let accelerate move activations between devices when the plan spans several.
+
+    A module placed on ``"cpu"`` keeps its weights there and runs there.  (Left to itself, accelerate's
+    ``dispatch_model`` would treat it as offloaded: weights swapped for ``meta`` tensors and streamed to the
+    first GPU at each call.  The hooked models read weights directly, e.g. for implied attention, so they stay
+    where the map puts them.)  The main device is then the CPU: inputs and logits live there.
+    """
     if len({str(d) for d in mods.values()}) <= 1:
         return model
     from accelerate import dispatch_model
 
-    return dispatch_model(model, device_map={k: (d.index if d.type == "cuda" else str(d)) for k, d in mods.items()})
+    on_cpu = any(d.type == "cpu" for d in mods.values())
+    return dispatch_model(model, device_map={k: (d.index if d.type == "cuda" else str(d)) for k, d in mods.items()},
+                          **({"main_device": "cpu"} if on_cpu else {}))
 
 
 __all__ = ["plan", "dispatch", "module_map"]

@@ -1,6 +1,6 @@
 """The GPU tier: real-width random checkpoints through the whole pipeline on CUDA.
 
-NOT RUN in this project yet (no GPU was available to any session that wrote it). Run it with
+Run on an H200 in session 15 (2026-11-26; figures in docs/gpu.md). Run it with
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -m gpu tests/test_gpu.py
 
@@ -101,9 +101,15 @@ def test_device_map_across_cpu_and_cuda(checkpoints):
     tokens = _tokens("mamba2-2.7b")
     with torch.no_grad():
         ref = one(tokens).cpu()
+    ref_rows = [one.pattern(tokens[:1], layer, rows=-1).cpu() for layer in (0, 1)]
     del one
     split = load_model(d, tokenizer=False, dtype="float32",
                        device_map={"embed": 0, "blocks.0": 0, "blocks.1": "cpu", "ln_final": "cpu"})
+    # a module mapped to "cpu" keeps its weights there (accelerate alone would offload them to "meta")
     assert {p.device.type for p in split.blocks[1].parameters()} == {"cpu"}
+    assert {p.device.type for p in split.blocks[0].parameters()} == {"cuda"}
     with torch.no_grad():
         assert (split(tokens).cpu() - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())
+    for layer, want in zip((0, 1), ref_rows):  # weights read directly (implied attention) on each device
+        got = split.pattern(tokens[:1], layer, rows=-1).cpu()
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
