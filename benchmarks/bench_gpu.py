@@ -1,4 +1,4 @@
-"""The whole pipeline on CUDA with real-width random checkpoints (NOT RUN in this project yet: no GPU here).
+"""The whole pipeline on CUDA with real-width random checkpoints (run once, on an H200: docs/benchmarks.md, "On a GPU").
 
 Per family (``gather_aggregate.adapters.realwidth``; published widths, ``--layers`` layers, shipped dtype and
 sharding) it measures, in one process, one family at a time:
@@ -77,13 +77,13 @@ def run_family(name: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         model.pattern(tokens[:1], info.index, rows=-1)
     _sync(dev)
     row["last_row_patterns_s"] = time.perf_counter() - t0
-    target = tokens[:, -1]
+    sub = tokens[: min(2, args.batch)]  # the scans run on the first two prompts
+    target = sub[:, -1]
 
     def metric(lg: torch.Tensor) -> torch.Tensor:
         return lg[:, -1].float().log_softmax(-1).gather(-1, target[:, None]).mean()
 
     heads = [(i.index, h) for i in model.layers for h in range(min(args.heads, i.n_heads))]
-    sub = tokens[: min(2, args.batch)]
     t0 = time.perf_counter()
     exact = exact_scan(model, sub, metric, heads=heads, progress=False).scores()
     _sync(dev)

@@ -99,11 +99,11 @@ def test_real_width(tmp_path, name, kw):
 
 @pytest.mark.slow
 def test_bench_gpu_runs_on_cpu(tmp_path):
-    """benchmarks/bench_gpu.py has not run on a GPU; its code paths run here on the CPU at one layer."""
+    """benchmarks/bench_gpu.py's code paths on the CPU at one layer (batch 3: the scans take the first 2 prompts)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     out = tmp_path / "rows.json"
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--device", "cpu", "--layers",
-                          "1", "--vocab", "256", "--families", "mamba2-2.7b", "--batch", "1", "--seq", "8",
+                          "1", "--vocab", "256", "--families", "mamba2-2.7b", "--batch", "3", "--seq", "8",
                           "--heads", "1", "--json", str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     (row,) = json.loads(out.read_text())["rows"]
