@@ -85,7 +85,8 @@ XFAIL: dict[str, str] = {
                     "at the ',' vs 0.81 elsewhere) but no Aggregate: layer 1's 8 channel groups all read the correct "
                     "pair a little (query-row mass 0.21-0.25, selectivity 2.00-2.11), 5 pass the candidate bar, and "
                     "removing those 5 leaves 0.66 (of 0.89) while all 8 take it to 0.16: the 3 just under the bar "
-                    "carry the rest, so peeling drops every candidate",
+                    "carry the rest, so peeling drops every candidate (growing the group to all 8 first does not "
+                    "help: the same-size random set is all of layer 0, which costs more at the query; docs/results.md)",
 }
 
 
