@@ -28,6 +28,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make_mixer
+from gather_aggregate.adapters.placement import refuse_split
 from gather_aggregate.errors import InputError, NonFiniteError
 from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, device_of, resolve_rows
@@ -159,6 +160,7 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
             )
         if resid.dim() != 3 or resid.shape[-1] != self.cfg.d_model:
             raise InputError(f"residual must be [batch, pos, d_model={self.cfg.d_model}], got {tuple(resid.shape)}")
+        refuse_split(self, layer)
         if resid.device != self.device:
             raise InputError(f"residual is on {resid.device} but the model is on {self.device}; "
                              f"move it with resid.to('{self.device}')")

@@ -131,4 +131,16 @@ def dispatch(model: nn.Module, mods: Mapping[str, torch.device]) -> nn.Module:
                           **({"main_device": "cpu"} if on_cpu else {}))
 
 
-__all__ = ["plan", "dispatch", "module_map"]
+def refuse_split(model: nn.Module, layer: int) -> None:
+    """Resumed forwards (exact scans, patching, the detector's probes) start inside the model from a cached
+    residual, outside accelerate's device hooks, so they need the model on one device.  A model placed across
+    several devices by ``device_map`` is refused with the fix, rather than failing on the residual's device."""
+    placed = getattr(model, "hf_device_map", None)
+    if isinstance(placed, Mapping) and len({str(d) for d in placed.values()}) > 1:
+        raise InputError(f"resuming the forward at layer {layer} needs the model on one device, and this one is "
+                         f"placed across {', '.join(sorted({str(d) for d in placed.values()}))} by device_map; load it "
+                         "with device= (one device) for exact scans, patching and the detector (forwards, "
+                         "run_with_cache and patterns work on the split model)")
+
+
+__all__ = ["plan", "dispatch", "module_map", "refuse_split"]

@@ -322,6 +322,28 @@ def test_device_map_keeps_each_block_and_zamba2_shared_blocks_whole():
         plan(model, "auto", torch.float32, max_memory={"cpu": 1000})
 
 
+@pytest.mark.parametrize("kind", ["mamba", "zamba2"])
+def test_resumed_forwards_refuse_a_model_split_across_devices(tmp_path, kind):
+    """A model placed on several devices by device_map runs forwards and patterns, but the scans' resumed forwards
+    start from a cached residual outside accelerate's hooks: refused with the fix (here the placement is recorded
+    by hand, as a CPU-only machine cannot place one).  The model is not changed by the refusal."""
+    from gather_aggregate.protocol import count_hooks
+    from gather_aggregate.scan import exact_scan
+
+    _tiny(kind).save_pretrained(tmp_path)
+    model = load_model(tmp_path, tokenizer=False)
+    tokens = TOKENS[:, :8]
+
+    def metric(logits):
+        return logits[:, -1].log_softmax(-1)[:, 0].mean()
+
+    exact_scan(model, tokens, metric, heads=[(0, 0)], progress=False)  # one device: fine
+    model.hf_device_map = {"": "cpu", "blocks.1": "cuda:0"}
+    with pytest.raises(InputError, match=r"needs the model on one device.*cpu, cuda:0.*device="):
+        exact_scan(model, tokens, metric, heads=[(0, 0)], progress=False)
+    assert count_hooks(model) == 0
+
+
 # ------------------------------------------------------------------ bad input on the newer families' load paths
 def _sharded(kind, d):
     """A tiny checkpoint of ``kind`` in at least two safetensors shards (+ index), as its real one ships."""

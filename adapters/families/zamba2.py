@@ -42,6 +42,7 @@ from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_config import HybridConfig, first_int, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
+from gather_aggregate.adapters.placement import refuse_split
 from gather_aggregate.adapters.streaming import TensorSource, tensors_equal
 from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
 
@@ -254,6 +255,7 @@ class HookedZamba2(HookedHybrid):
                 f"embeddings{' ‖ shared-block output' if width == 3 * self.cfg.d_model else ''}], got {got}; "
                 f"pass {where}"
             )
+        refuse_split(self, layer)
         if resid.device != self.device:
             raise InputError(f"state is on {resid.device} but the model is on {self.device}; move it with "
                              f".to('{self.device}')")
