@@ -159,3 +159,31 @@ def test_graft_answer_loss_takes_cpu_labels_to_the_logits_device(monkeypatch):
     loss = graft_mod._answer_loss(_Model(), _Graft(), torch.randint(0, 11, (2, 5)),  # type: ignore[arg-type]
                                   torch.full((2, 5), -100).index_fill_(1, torch.tensor([4]), 2))
     assert loss.device == META and math.prod(loss.shape) == 1
+
+
+# ---- bf16 models: implied attention in the scan's float32 ------------------------------------------------------
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2"])
+def test_implied_attention_of_a_bf16_model_reconstructs_its_float32_scan_output(model_type):
+    """A bf16 model's scan runs in float32 on its bf16 ``x, B, C`` (upcast exactly) and ``dt`` (float32), so the
+    implied attention computed from the same hooks reconstructs ``hook_y`` (float32) to float32 precision.
+    Mamba-2's ``C·B`` was an einsum of the bf16 hooks, rounded to bf16 before the float32 decay: off by ~1e-3."""
+    from gather_aggregate.adapters import load_ssm
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+
+    m = load_ssm(tiny_hf_ssm(model_type, seed=5, stress=True)).to(torch.bfloat16)
+    b, L = 2, 24
+    t = torch.randint(0, 97, (b, L), generator=torch.Generator().manual_seed(5))
+    for layer in range(m.cfg.n_layers):
+        _, cache = m.run_with_cache(t, names_filter=lambda n, pre=f"blocks.{layer}.ssm.": n.startswith(pre))
+        x, y = cache[f"blocks.{layer}.ssm.hook_x"], cache[f"blocks.{layer}.ssm.hook_y"]
+        assert x.dtype == torch.bfloat16 and y.dtype == torch.float32
+        p = m.ssm_layer_params(layer)
+        alpha, xf, D = m.pattern(t, layer), x.float(), p.D.float()
+        assert alpha.dtype == torch.float32
+        if p.family == "mamba1":
+            got = torch.einsum("bdts,bsd->btd", alpha, xf) + xf * D
+        else:
+            xh = xf.view(b, L, p.n_heads, p.d_head)
+            got = (torch.einsum("bhts,bshp->bthp", alpha, xh) + xh * D[:, None]).reshape(b, L, -1)
+        err = float((got - y).abs().max() / y.abs().max())
+        assert err <= 1e-5, (layer, err)
