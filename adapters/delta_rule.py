@@ -116,7 +116,7 @@ def delta_implied_reference(q: Tensor, k: Tensor, g: Tensor, beta: Tensor) -> Fl
     Inputs prepared as for :func:`delta_rule_ref`."""
     b, L, H, _ = k.shape
     kf, qf, gf, bf = k.double(), q.double(), g.double(), beta.double()
-    out = torch.zeros(b, H, L, L, dtype=torch.float64)
+    out = torch.zeros(b, H, L, L, dtype=torch.float64, device=q.device)
     for t in range(L):
         u = qf[:, t]  # [b, H, d_k] = M_{s+1} ⋯ M_t q_t, for s = t first
         for s in range(t, -1, -1):
@@ -197,9 +197,8 @@ def _rows_by_walk(q: Tensor, k: Tensor, g: Tensor, beta: Tensor, heads: list[int
     U = kf.new_zeros(b, len(heads), R, kf.shape[-1])
     out = kf.new_zeros(b, len(heads), R, L)
     for s in range(int(rows.max()), -1, -1):
-        start = (rows == s)[:, None, :, None]  # rows whose query is s begin here
-        if bool(start.any()):
-            U = torch.where(start, qf[:, s, :, None, :], U)
+        start = (rows == s)[:, None, :, None]  # rows whose query is s begin here (no bool(): a GPU sync per step)
+        U = torch.where(start, qf[:, s, :, None, :], U)
         ks = kf[:, s, :, None, :]  # [b, H', 1, d_k]
         proj = (U * ks).sum(-1)  # [b, H', R]
         out[..., s] = bf[:, s, :, None] * proj

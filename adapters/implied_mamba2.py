@@ -89,7 +89,8 @@ def mamba2_implied_attention(
 
     cum = torch.cumsum(dt.double() * A.double(), 1)  # [b, L, H]: Σ_{k≤t} Δ_k A_h
     Cq = C if rows is None else C.gather(1, rows[:, :, None, None].expand(-1, -1, G, C.shape[-1]))
-    CB = torch.einsum("bqgn,bsgn->bgqs", Cq, B).float()  # [b, G, Q, L]
+    # float32 products (bf16 hooks are upcast first, exactly, as the scan does): no bf16 rounding of C·B
+    CB = torch.einsum("bqgn,bsgn->bgqs", Cq.float(), B.float())  # [b, G, Q, L]
     tq = torch.arange(L, device=dt.device)[None, :].expand(b, L) if rows is None else rows  # [b, Q]
     causal = tq[:, :, None] >= torch.arange(L, device=dt.device)[None, None, :]  # [b, Q, L]
     out = dt.new_zeros(b, len(hs), Q, L, dtype=torch.float32)

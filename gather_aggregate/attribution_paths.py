@@ -118,8 +118,9 @@ def _estimates(model: HookedModel, by_layer: dict[int, list[int]], terms: dict[i
     for layer, hs in by_layer.items():
         axis = model.head_hook(layer)[1]
         t = terms[layer].double()
+        per_head = t.movedim(axis, 0).flatten(1).sum(1).tolist()  # one GPU sync per layer, not per head
         for h in hs:
-            out[(layer, h)] = -float(t.select(axis, h).sum()) * scale
+            out[(layer, h)] = -per_head[h] * scale
     return out
 
 

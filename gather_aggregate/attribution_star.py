@@ -142,8 +142,8 @@ def qk_corrections(model: HookedModel, resid: dict[int, Tensor], patterns: dict[
                                                      qk_layers):
         exact = (d_a * grad_a[la][None]).double().flatten(1).sum(1)
         lin = (dr * vjp[la][None]).double().flatten(1).sum(1)
-        for i, h in enumerate(chunk):
-            out[(layer, h)] += float(exact[i] - lin[i])
+        for h, v in zip(chunk, (exact - lin).tolist()):  # one GPU sync per chunk, not per head
+            out[(layer, h)] += v
     return out
 
 
@@ -242,9 +242,9 @@ def atp_star(model: HookedModel, tokens: Tensor, metric: Callable, clean_z: dict
         for layer, hs in by_layer.items():
             axis = model.head_hook(layer)[1] + 1
             t = drops[layer].double()
+            per_head = t.movedim(axis, 1).reshape(model.n_layers, t.shape[axis], -1).sum(2).abs().sum(0).tolist()
             for h in hs:
-                per_l = t.select(axis, h).reshape(model.n_layers, -1).sum(1)
-                mag[(layer, h)] = float(per_l.abs().sum()) / (model.n_layers - 1)
+                mag[(layer, h)] = per_head[h] / (model.n_layers - 1)
         star = {hd: (1.0 if v >= 0 else -1.0) * max(abs(v), mag[hd]) for hd, v in star.items()}
     return clean, star, meta
 

@@ -111,6 +111,7 @@ def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence
                                                                      gather_valid)))
             for name, val in scores:
                 sums[(layer, name)] = sums.get((layer, name), 0) + val
+    sums = {k: v.cpu() for k, v in sums.items()}  # one copy per sum, not a GPU sync per head below
     rows_out = []
     for layer in layers:
         info = model.layers[layer]
@@ -132,8 +133,9 @@ def _best_token_gather(p: Tensor, start: Tensor, end: Tensor, valid: Tensor) -> 
     """
     total = torch.zeros(p.shape[1], device=p.device)
     csum = p.cumsum(-1)  # csum[..., q, k] = mass of row q on keys 0..k
+    starts, ends = start.tolist(), end.tolist()  # once, not a GPU sync per segment
     for b, s in valid.nonzero().tolist():
-        lo, hi = int(start[b, s]), int(end[b, s])
+        lo, hi = int(starts[b][s]), int(ends[b][s])
         t = torch.arange(lo + 2, hi, device=p.device)
         if len(t) == 0:
             continue

@@ -46,10 +46,11 @@ def conv_positions(b: Any, read: str, *, seed: int | None) -> Tensor:
     r, ok = read_positions(b, read)
     mask = torch.zeros(b.tokens.shape, dtype=torch.bool, device=b.tokens.device)
     rng = random.Random(seed)
+    read_at, starts = r.tolist(), b.seg_start.tolist()  # once, not a GPU sync per segment
     for i, j in ok.nonzero().tolist():
-        pos = int(r[i, j])
+        pos = int(read_at[i][j])
         if seed is not None:
-            pos = rng.randrange(int(b.seg_start[i, j]), pos)
+            pos = rng.randrange(int(starts[i][j]), pos)
         mask[i, pos] = True
     return mask
 

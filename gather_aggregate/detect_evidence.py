@@ -148,6 +148,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                 acc[f"profile{off}"] = (m * valid[:, None]).sum(0)
             for name, v in acc.items():
                 sums[(info.index, name)] = sums.get((info.index, name), 0) + v
+    sums = {k: v.cpu() for k, v in sums.items()}  # one copy per sum, not a GPU sync per head below
     slot_base = {layer: _slot_base(data) for layer, data in slots.items()}
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for info in model.layers:

@@ -6,6 +6,10 @@ the row itself; SSM-implied attention is signed and unnormalised, so its raw
 values are not a distribution and are normalised first.  Pass raw patterns:
 every function normalises (idempotent for softmax rows).
 
+Half-precision rows (bf16/fp16, e.g. a pattern cached from a bf16 model on a GPU) are measured in float32,
+and the result is float32: a bf16 sum over a few hundred keys is off by ~1e-2, and fp16 rounds the clamps
+below (1e-30, 1e-12) to 0, turning empty keys into NaN.
+
 * ``row_entropy``   H(p) = -Σ_k p_k log p_k (nats);
 * ``top1_mass``     max_k p_k;
 * ``sharpness_index``  1 - H(p) / log(n_k), where n_k is the number of keys the
@@ -22,25 +26,31 @@ from torch import Tensor
 from gather_aggregate.protocol import normalize_rows
 
 
+def _at_least_fp32(pattern: Tensor) -> Tensor:
+    return pattern.float() if pattern.dtype in (torch.float16, torch.bfloat16) else pattern
+
+
 def row_entropy(pattern: Float[Tensor, "... key"]) -> Float[Tensor, "..."]:
     """Entropy in nats of each normalised row."""
-    p = normalize_rows(pattern)
+    p = normalize_rows(_at_least_fp32(pattern))
     return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
 
 
 def top1_mass(pattern: Float[Tensor, "... key"]) -> Float[Tensor, "..."]:
     """Largest share of a normalised row."""
-    return normalize_rows(pattern).max(-1).values
+    return normalize_rows(_at_least_fp32(pattern)).max(-1).values
 
 
 def sharpness_index(pattern: Float[Tensor, "... key"], n_keys: Tensor | int | None = None) -> Float[Tensor, "..."]:
-    """``1 - H/log(n_keys)``; ``n_keys`` defaults to the number of non-zero keys of each row."""
+    """``1 - H/log(n_keys)``; ``n_keys`` defaults to the number of non-zero keys of each row (a tensor
+    ``n_keys`` may live on another device than ``pattern``: it is moved to it)."""
+    pattern = _at_least_fp32(pattern)
     if n_keys is None:
         n = (pattern != 0).sum(-1).clamp_min(1).to(pattern.dtype)
     elif isinstance(n_keys, int):
         n = torch.full(pattern.shape[:-1], float(n_keys), dtype=pattern.dtype, device=pattern.device)
     else:
-        n = n_keys.to(pattern.dtype).expand(pattern.shape[:-1])
+        n = n_keys.to(device=pattern.device, dtype=pattern.dtype).expand(pattern.shape[:-1])
     log_n = torch.log(n)
     h = row_entropy(pattern)
     out = 1.0 - h / log_n.clamp_min(1e-12)

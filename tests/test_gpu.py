@@ -113,3 +113,60 @@ def test_device_map_across_cpu_and_cuda(checkpoints):
     for layer, want in zip((0, 1), ref_rows):  # weights read directly (implied attention) on each device
         got = split.pattern(tokens[:1], layer, rows=-1).cpu()
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+# ---- the device audit's fixes (session 15 helper): written then, NOT YET RUN ON A GPU; the body ran on CPU -------
+def check_audited_paths_on(device: str) -> None:
+    """Paths the CPU tests cover on ``meta`` (tests/test_device_handling.py), here on a real device: CPU tokens
+    and labels with a model on ``device`` (distillation, perplexity, the attention graft), a CPU ``n_keys``, the
+    delta-rule oracle, and a bf16 Mamba-2's implied attention against its float32 scan."""
+    from gather_aggregate.adapters import load_ssm
+    from gather_aggregate.adapters.delta_rule import delta_implied_attention, delta_implied_reference
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.hybridise import hybridise
+    from gather_aggregate.hybridise.distill import stage_loss
+    from gather_aggregate.hybridise.experiment import perplexity
+    from gather_aggregate.hybridise.graft import AttentionGraft, train_graft
+    from gather_aggregate.metrics import sharpness_index
+    from gather_aggregate.testing import tiny_llama
+
+    dev = torch.device(device)
+    pattern = torch.rand(2, 3, 5, 7, device=dev).softmax(-1)
+    assert sharpness_index(pattern, torch.arange(1, 6)).device.type == dev.type
+
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.nn.functional.normalize(torch.randn(2, 9, 3, 4, generator=g), dim=-1).to(dev) for _ in range(2))
+    gate, beta = -torch.rand(2, 9, 3, generator=g).to(dev), torch.rand(2, 9, 3, generator=g).to(dev)
+    ref = delta_implied_reference(q, k, gate, beta)
+    assert ref.device.type == dev.type
+    torch.testing.assert_close(delta_implied_attention(q, k, gate, beta), ref, rtol=1e-5, atol=1e-6)
+
+    m = load_ssm(tiny_hf_ssm("mamba2", seed=5, stress=True)).to(device=dev, dtype=torch.bfloat16)
+    t = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(5))  # CPU tokens: the model moves them
+    _, cache = m.run_with_cache(t, names_filter=lambda n: n.startswith("blocks.0.ssm."))
+    x, y = cache["blocks.0.ssm.hook_x"].float(), cache["blocks.0.ssm.hook_y"]
+    p = m.ssm_layer_params(0)
+    xh = x.view(2, 24, p.n_heads, p.d_head)
+    got = (torch.einsum("bhts,bshp->bthp", m.pattern(t, 0), xh) + xh * p.D.float()[:, None]).reshape(2, 24, -1)
+    assert float((got - y).abs().max() / y.abs().max()) <= 1e-5
+
+    m32 = m.float()
+    graft = AttentionGraft(m32, 1, 2)
+    assert {q.device.type for q in graft.parameters()} == {dev.type}
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:  # on the CPU, as the zoo's batches are
+        x = torch.randint(0, m32.d_vocab, (4, 12), generator=torch.Generator().manual_seed(step))
+        return x, torch.full_like(x, -100).index_fill_(1, torch.tensor([11]), 3)
+
+    assert len(train_graft(m32, graft, batch, 2, progress=False)) == 2
+    assert perplexity(m32, batch, n_batches=2) > 0
+
+    hf, _ = tiny_llama(seed=3)
+    teacher, student = hybridise(hf, "all").to(dev), hybridise(hf, [(1, 0)], d_state=8).to(dev)
+    tokens = torch.randint(1, hf.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    for stage in ("orientation", "alignment", "end_to_end"):
+        assert stage_loss(student, teacher, tokens, stage).device.type == dev.type
+
+
+def test_audited_paths_on_cuda():
+    check_audited_paths_on("cuda")

@@ -79,8 +79,10 @@ def stage_parameters(student: HookedHeadHybrid, stage: str) -> list[torch.nn.Par
 
 def stage_loss(student: HookedHeadHybrid, teacher: HookedHeadHybrid, tokens: torch.Tensor, stage: str,
                pad_id: int = 0) -> torch.Tensor:
-    """The loss of one stage on one batch (see the module docstring)."""
+    """The loss of one stage on one batch (see the module docstring).  ``tokens`` may come from the CPU (the
+    zoo's batches do): they are moved to the student's device, where the end-to-end stage masks the logits."""
     layers = _ssm_layers(student)
+    tokens = tokens.to(student.device)
     if stage == "orientation":
         names = [f"blocks.{L}.ln1.hook_normalized" for L in layers] + [f"blocks.{L}.attn.hook_pattern" for L in layers]
         _, cache = _teacher_cache(teacher, tokens, names)

@@ -64,7 +64,8 @@ def perplexity(model: HookedModel, batches: Callable[[int], tuple[torch.Tensor, 
         for i in range(n_batches):
             x, y = batches(i)
             logits = model(x)
-            nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+            labels = y.to(logits.device)  # the model moves x to its device; the labels follow
+            nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                                            ignore_index=-100, reduction="sum"))
             n += int((y != -100).sum())
     return float(torch.tensor(nll / max(n, 1)).exp())

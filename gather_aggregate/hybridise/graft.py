@@ -58,10 +58,11 @@ class AttentionGraft(nn.Module):
         self.n_heads, self.d_head = info.n_heads, info.d_head
         self.n_state, self.group = cfg.d_state, head // (info.n_heads // cfg.n_groups)
         self.D = float(model.ssm_layer_params(layer).D[head])
-        self.W_q = nn.Parameter(torch.eye(self.n_state))
-        self.W_k = nn.Parameter(torch.eye(self.n_state))
-        self.W_v = nn.Parameter(torch.eye(self.d_head))
-        self.log_tau = nn.Parameter(torch.tensor(-0.5 * math.log(self.n_state)))
+        dev = model.device  # the hooks compute with the model's activations, on its device
+        self.W_q = nn.Parameter(torch.eye(self.n_state, device=dev))
+        self.W_k = nn.Parameter(torch.eye(self.n_state, device=dev))
+        self.W_v = nn.Parameter(torch.eye(self.d_head, device=dev))
+        self.log_tau = nn.Parameter(torch.tensor(-0.5 * math.log(self.n_state), device=dev))
         self._acts: dict[str, Tensor] = {}
 
     def attend(self, x: Tensor, B: Tensor, C: Tensor) -> Tensor:
@@ -99,6 +100,7 @@ class AttentionGraft(nn.Module):
 def _answer_loss(model: HookedSSM, graft: AttentionGraft, x: Tensor, y: Tensor) -> Tensor:
     with model.hooks(fwd_hooks=graft.hooks()):
         logits = model(x)
+    y = y.to(logits.device)  # the model moves x to its device; the labels follow
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
 
 
