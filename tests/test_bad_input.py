@@ -375,3 +375,19 @@ def test_resample_hooks_give_each_prompt_another_prompts_outputs_in_any_batching
     assert res["ablated"]["kv"] == pytest.approx(whole.accuracy)
     with pytest.raises(InputError, match="at least two prompts"):
         resample_hooks(model, [head], kv[:1])
+
+
+# ---- second audit: inputs nobody had tried ------------------------------------------------------
+def test_configs_that_load_into_nothing_and_integer_dtypes(tmp_path, tiny_llama_dir):
+    """A config with 0 layers or 0 positions loaded (0 heads: every scan answered nothing); a non-UTF-8
+    config.json was a UnicodeDecodeError; dtype=torch.int64 was called a damaged weight file."""
+    for key in ("num_hidden_layers", "max_position_embeddings"):
+        with pytest.raises(ModelLoadError, match=f"has {key}=0; it must be at least 1") as err:
+            load_model(_edit_config(tiny_llama_dir, tmp_path / key, **{key: 0}))
+        _one_line(err.value)
+    d = _edit_config(tiny_llama_dir, tmp_path / "latin1")
+    (d / "config.json").write_bytes((d / "config.json").read_bytes().replace(b'"llama"', b'"llama\xff"'))
+    with pytest.raises(ModelLoadError, match="config.json' is damaged.*utf-8"):
+        load_model(d)
+    with pytest.raises(ModelLoadError, match="torch.int64 is not a floating-point dtype"):
+        load_model(tiny_llama_dir, dtype=torch.int64)
