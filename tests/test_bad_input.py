@@ -391,3 +391,43 @@ def test_configs_that_load_into_nothing_and_integer_dtypes(tmp_path, tiny_llama_
         load_model(d)
     with pytest.raises(ModelLoadError, match="torch.int64 is not a floating-point dtype"):
         load_model(tiny_llama_dir, dtype=torch.int64)
+
+
+def test_examples_with_bad_fields_or_another_tokenizer(llama_model):
+    """An answer past the candidates scored 0 (one candidate: 1) silently, a query past the prompt, an empty
+    candidate or ids past the vocabulary were bare IndexError/RuntimeError from torch, and examples tokenised by
+    another tokenizer whose ids fit the vocabulary were read as other words (a silent wrong accuracy)."""
+    import dataclasses
+
+    from gather_aggregate.errors import TaskError
+    from gather_aggregate.tasks import evaluate, task_metric
+    from gather_aggregate.tasks.base import PromptSpec, annotate
+    from gather_aggregate.tasks.registry import get_task
+
+    tok = llama_model.tokenizer
+    for answer, candidates in ((5, ["cat", "dog"]), ("dog", ["cat", "dog"]), (-1, ["cat", "dog"]), (0, ["cat"])):
+        with pytest.raises(TaskError, match=f"answer={answer!r} must index one of two or more candidates"):
+            annotate(PromptSpec("the cat sat", [(0, 7, "a")], 0, candidates, answer), tok)
+    with pytest.raises(TaskError, match="correct=4 must index the segments"):
+        annotate(PromptSpec("the cat sat", [(0, 7, "a")], 4, ["cat", "dog"], 0), tok)
+    ex = get_task("kv", n_pairs=2).examples(tok, 3)
+    for bad, needle in (({"answer": 7}, "answer=7 must index"), ({"query_pos": 999}, "query_pos=999 is not one"),
+                        ({"candidate_ids": [[]] * len(ex[0].candidates)}, "a candidate has no token ids"),
+                        ({"candidate_ids": [[9999]] * len(ex[0].candidates)}, "token ids up to 9999 but the")):
+        for call in (lambda e: evaluate(llama_model, e, progress=False), lambda e: task_metric(llama_model, e)):
+            with pytest.raises(GAError, match=needle) as err:
+                call([dataclasses.replace(ex[0], **bad), *ex[1:]])
+            _one_line(err.value)
+    path = list_zoo().get("llama-kv")
+    if path is None:
+        pytest.skip("the toy zoo is not shipped")
+    zoo_model = load_model(path)  # a word-level vocabulary of 376: the tiny BPE's ids (< 300) all fit it
+    with pytest.raises(InputError, match="example 0 was tokenised by another tokenizer than the model's"):
+        evaluate(zoo_model, ex, progress=False)
+    zoo_ex = get_task("kv", model_dir=path, n_pairs=2).examples(zoo_model.tokenizer, 2)
+    from gather_aggregate.detect import find_ga_heads
+
+    for call in (evaluate, task_metric, find_ga_heads):
+        with pytest.raises(InputError, match="build the examples with this model's tokenizer"):
+            call(llama_model, zoo_ex)
+    assert evaluate(zoo_model, zoo_ex, progress=False).n == 2  # its own examples still pass
