@@ -431,3 +431,51 @@ def test_examples_with_bad_fields_or_another_tokenizer(llama_model):
         with pytest.raises(InputError, match="build the examples with this model's tokenizer"):
             call(llama_model, zoo_ex)
     assert evaluate(zoo_model, zoo_ex, progress=False).n == 2  # its own examples still pass
+
+
+def test_scan_files_that_are_not_text_and_outputs_under_a_file(llama_model, tmp_path):
+    from gather_aggregate.errors import ResumeMismatchError
+    from gather_aggregate.scan import ScanResult
+
+    tokens = torch.randint(0, 50, (2, 6))
+    out = tmp_path / "scan.json"
+    out.write_bytes(b"\xff\xfe not text")  # was a UnicodeDecodeError, on resume and on load
+    with pytest.raises(ResumeMismatchError, match="not a readable scan file.*drop --resume"):
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=out, resume=True, progress=False)
+    with pytest.raises(InputError, match="not valid JSON"):
+        ScanResult.load(out)
+    with pytest.raises(InputError, match="scan.json' is a file, not a directory"):  # was NotADirectoryError
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=out / "x.json", progress=False)
+
+
+def test_scan_scores_by_name_and_reports_of_scans(llama_model, tmp_path):
+    from gather_aggregate.report import write_report
+
+    scan = exact_scan(llama_model, torch.randint(0, 50, (2, 6)), _metric, heads=[(1, 0), (1, 2)], progress=False)
+    assert scan.score("L1H2") == scan.score((1, 2)) == scan.score(torch.tensor(1), 2) == scan.scores()[(1, 2)]
+    with pytest.raises(InputError, match="no row for L1H1 .*scanned 2 heads"):  # was a bare KeyError
+        scan.score(1, 1)
+    with pytest.raises(InputError, match="a pair or a name like 'L1H2'"):
+        scan.score("head two")
+    assert "<table" in write_report(tmp_path / "r.html", title="scan", sections=[scan]).read_text()
+    with pytest.raises(InputError, match="meta must be a dict"):  # was AttributeError: no .items
+        write_report(tmp_path / "r.html", title="scan", sections=["x"], meta=["model"])
+
+
+def test_unknown_head_kinds_and_patch_positions_past_the_prompt(llama_model):
+    """``kinds=["mlp"]`` (or "Attn") selected no head and answered ``[]``; a patch position past the prompt wrapped
+    around (99 patched position 99 % n_pos); numpy / torch positions still work."""
+    import numpy as np
+
+    tokens = torch.randint(0, 50, (2, 6))
+    scan = exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], progress=False)
+    for call in (lambda k: scan.top(1, kinds=k), lambda k: scan.significant(kinds=k),
+                 lambda k: llama_model.all_heads(kinds=k)):
+        with pytest.raises(InputError, match=r"kinds: unknown name\(s\) \['mlp'\]; choose from \['attn', 'ssm'\]"):
+            call(["mlp"])
+    assert llama_model.all_heads(kinds=["ssm"]) == [] and len(llama_model.all_heads(kinds=("attn",))) > 0
+    with pytest.raises(GAError, match=r"positions \[99\] are outside the prompts' 6 tokens"):
+        patch_heads(llama_model, tokens, tokens.flip(0), _metric, heads=[(1, 0)], per_position=True, positions=[99])
+    rows = patch_heads(llama_model, tokens, tokens.flip(0), _metric, heads=[(1, 0)], per_position=True,
+                       positions=[np.int64(2), torch.tensor(-1)], progress=False).rows
+    assert sorted(r["position"] for r in rows) == [2, 5]
