@@ -462,6 +462,23 @@ def test_scan_scores_by_name_and_reports_of_scans(llama_model, tmp_path):
         write_report(tmp_path / "r.html", title="scan", sections=["x"], meta=["model"])
 
 
+def test_cli_names_no_model_results_file_and_training_counts(tmp_path, capsys):
+    """``demo --model ,,`` was a StopIteration; ``report --results FILE`` said the file did not exist; ``zoo
+    train --steps -1`` trained nothing and saved the untrained model."""
+    from gather_aggregate.cli import main
+
+    (tmp_path / "scan.json").write_text("{}")
+    for argv, needle in ((["demo", "--model", ",,", "--out", str(tmp_path / "d")], "names no model"),
+                         (["report", "--results", str(tmp_path / "scan.json")], "is a file; pass the directory"),
+                         (["zoo", "train", "--steps", "-1", "--out", str(tmp_path / "z")], "--steps must be at least 1"),
+                         (["zoo", "train", "--lr", "nan", "--out", str(tmp_path / "z")], "--lr must be a positive"),
+                         (["zoo", "train", "--curriculum", "2", "--out", str(tmp_path / "z")], "from 0 to 1")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert needle in err[-1] and "error (" not in err[-1], err
+    assert not (tmp_path / "z").exists()
+
+
 def test_unknown_head_kinds_and_patch_positions_past_the_prompt(llama_model):
     """``kinds=["mlp"]`` (or "Attn") selected no head and answered ``[]``; a patch position past the prompt wrapped
     around (99 patched position 99 % n_pos); numpy / torch positions still work."""
