@@ -20,7 +20,6 @@ checkpoint key                           ``HookedSSM`` parameter
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -135,7 +134,7 @@ def is_mamba_ssm_dir(path: str | Path) -> bool:
     p = Path(path)
     try:
         return p.is_dir() and is_mamba_ssm_config(raw_config(p))
-    except (ModelLoadError, json.JSONDecodeError):
+    except (ModelLoadError, ValueError):  # ValueError: invalid JSON or not UTF-8; load_model names the damage
         return False
 
 

@@ -395,6 +395,9 @@ _DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.
 
 def parse_dtype(dtype: Any) -> Any:
     """``None``, ``"auto"``, a ``torch.dtype`` or a name such as ``"float32"``/``"bf16"``."""
+    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:  # HF's refusal read as a damaged file
+        raise ModelLoadError(f"dtype={dtype} is not a floating-point dtype; weights load as 'auto' or one of "
+                             f"{sorted(_DTYPE_NAMES)}")
     if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
         return dtype
     try:

@@ -46,11 +46,19 @@ def number(x: Any, what: str, minimum: float | None = None) -> float:
     return v
 
 
-def names(x: Any, what: str) -> list[str]:
-    """A list of strings (e.g. head kinds ``["attn", "ssm"]``); one string alone is refused as ambiguous."""
+#: the head kinds (:data:`gather_aggregate.protocol.LayerKind`)
+HEAD_KINDS = ("attn", "ssm")
+
+
+def names(x: Any, what: str, allowed: Sequence[str] | None = None) -> list[str]:
+    """A list of strings (e.g. head kinds ``["attn", "ssm"]``); one string alone is refused as ambiguous, and a
+    name outside ``allowed`` (when given) too: ``kinds=["mlp"]`` selected no head, silently."""
     if isinstance(x, (str, bytes)) or not isinstance(x, (Sequence, set, frozenset)) \
             or not all(isinstance(v, str) for v in x):
         raise InputError(f"{what} must be a list of names such as ['attn'] or ['ssm'], got {x!r}")
+    unknown = [v for v in x if allowed is not None and v not in allowed]
+    if unknown:
+        raise InputError(f"{what}: unknown name(s) {unknown}; choose from {list(allowed or ())}")
     return list(x)
 
 

@@ -42,7 +42,7 @@ MODES = ("exact", "atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
 
 
 # ---- option types: a bad value is refused before anything loads ----------------------------------
-def _int_type(name: str, low: int) -> Callable[[str], int]:
+def _int_type(name: str, low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -50,6 +50,8 @@ def _int_type(name: str, low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{name} must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{name} must be at most {high}, got {value}")
         return value
 
     parse.__name__ = name
@@ -166,7 +168,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="comma list of zoo names or model directories, e.g. llama-kvmc,mamba2-ga (default: every "
                         f"shipped zoo model but {', '.join(DEMO_SKIP)})")
-    p.add_argument("--n", type=_int_type("--n", 8), default=32,
+    p.add_argument("--n", type=_int_type("--n", 8, 64), default=32,
                    help="prompts per task (8 to 64; 32 keeps the seven-model demo within its 120 s budget)")
     p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the prompts")
     p.add_argument("--fast", action="store_true", help="24 prompts per task (smoke tests)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.claims import TASKS
+from gather_aggregate.errors import InputError
 
 
 def _bar(items: list[Any], desc: str) -> Any:
@@ -28,7 +29,10 @@ def _zoo(args: argparse.Namespace) -> dict[str, Path]:
     from gather_aggregate.zoo import demo_models, resolve_model_path
 
     if args.model:
-        names = [m for m in str(args.model).split(",") if m]
+        names = [m.strip() for m in str(args.model).split(",") if m.strip()]
+        if not names:
+            raise InputError(f"--model {args.model!r} names no model; pass zoo names or model directories, comma "
+                             "separated, e.g. --model llama-kvmc,mamba2-ga (or leave --model out for the whole zoo)")
         return {Path(resolve_model_path(n)).name: Path(resolve_model_path(n)) for n in names}
     return demo_models()
 

@@ -282,9 +282,11 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     """
     from gather_aggregate.detect_rules import decide
     from gather_aggregate.tasks.base import check_examples
+    from gather_aggregate.tasks.fit import check_fits
 
     check_model(model)
     examples = check_examples(examples)
+    check_fits(model, examples)
     batch_size, seed = count(batch_size, "batch_size"), as_index(seed, "seed")
     if scores is not None and (not isinstance(scores, list) or not all(isinstance(r, dict) for r in scores)):
         raise InputError(f"scores must be the rows pattern_scores(model, examples) returns, got "

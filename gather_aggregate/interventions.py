@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gather_aggregate.checks import check_model, names
+from gather_aggregate.checks import HEAD_KINDS, check_model, names
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import Head, HookedModel, LayerKind
 
@@ -237,7 +237,7 @@ def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], metho
 def heads_except(model: HookedModel, keep: Sequence[Head], kinds: Sequence[LayerKind] | None = None) -> list[Head]:
     """Every head (of ``kinds``) not in ``keep``: the complement for keep-only experiments."""
     keep_set = set(model.check_head_set(keep)) if keep else set()
-    kinds = None if kinds is None else names(kinds, "kinds")  # type: ignore[assignment]
+    kinds = None if kinds is None else names(kinds, "kinds", HEAD_KINDS)  # type: ignore[assignment]
     return [hd for hd in model.all_heads(kinds) if hd not in keep_set]
 
 

@@ -37,7 +37,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise InputError(f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable output "
+        file = next((p for p in path.parents if p.is_file()), None)  # mkdir says "File exists" for it
+        why = f"{str(file)!r} is a file, not a directory" if file else exc.strerror or exc
+        raise InputError(f"cannot write {str(path)!r} ({why}); choose a writable output "
                          "directory (e.g. --out /tmp/ga_out)") from None
     os.close(fd)
     try:
@@ -98,7 +100,7 @@ def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], me
     """
     path = Path(path)
     twin = path.with_suffix(".csv")
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # a parent that is a file: atomic_write says so
         twin.unlink()
     atomic_write_json(path, {"meta": meta or {}, "rows": list(rows)})
     atomic_write_text(twin, rows_to_csv(rows))
@@ -127,7 +129,7 @@ def read_json(path: Path, error: type[Exception], missing: str, invalid: str) ->
         raise error(missing)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # both are ValueErrors: damaged or not text at all
         raise error(f"{path} is not valid JSON ({err}); {invalid}") from None
 
 

@@ -346,6 +346,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     archs = list(getattr(config, "architectures", None) or [])
     refuse_unservable(config, archs)
     refuse_inexact(archs)
+    _refuse_empty(config, source)
     if not any(a in supported_architectures() for a in archs):
         raise UnsupportedModelError(_unsupported_message(model_type, archs))
     from transformers import AutoModelForCausalLM
@@ -363,6 +364,19 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if device is not None:
         hf = hf.to(device)
     return BridgeModel.from_hf(hf, tok, copy_model=False, name=str(name_or_path))
+
+
+#: config keys (HF's names across families) that must be positive: a model without layers or positions loads, but
+#: every analysis then answers nothing (no heads) or refuses every prompt
+_POSITIVE_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "max_position_embeddings", "n_positions")
+
+
+def _refuse_empty(config: Any, source: str) -> None:
+    for key in _POSITIVE_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ModelLoadError(f"config.json in {source!r} has {key}={value}; it must be at least 1 (fix "
+                                 "config.json or re-save the model with model.save_pretrained(dir))")
 
 
 def _refuse_missing(hf: Any, info: dict[str, Any], source: str) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from gather_aggregate import layer_resume
 from gather_aggregate.checks import check_model, count
-from gather_aggregate.errors import InputError
+from gather_aggregate.errors import IndexOutOfRangeError, InputError
 from gather_aggregate.indices import as_index
 from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
 from gather_aggregate.protocol import Head, HookedModel
@@ -60,7 +60,12 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
     if positions is not None:
         if isinstance(positions, (str, bytes)) or not hasattr(positions, "__iter__"):
             raise InputError(f"positions must be a list of token positions, e.g. [3, -1], got {positions!r}")
-        positions = [as_index(p, "a position") % n_pos for p in positions]
+        positions = [as_index(p, "a position") for p in positions]
+        far = [p for p in positions if not -n_pos <= p < n_pos]  # was wrapped: 99 patched position 99 % n_pos
+        if far:
+            raise IndexOutOfRangeError(f"positions {far} are outside the prompts' {n_pos} tokens; pass 0..{n_pos - 1} "
+                                       "(or -1 for the last)")
+        positions = [p % n_pos for p in positions]
         if not per_position:
             raise InputError("positions= only applies with per_position=True")
     pos_list: list[int | None] = (list(positions) if positions is not None else list(range(n_pos))) \

@@ -26,9 +26,8 @@ a model's internals; they only use what is listed here:
                                        query positions only (attention)
 =====================================  =======================================
 
-:class:`ProtocolMixin` implements the parts that are the same for every model
-(validation with clear errors, tokenisation, head bookkeeping), so that the
-concrete classes only supply the forward pass and the pattern computation.
+:class:`ProtocolMixin` implements the parts that are the same for every model (validation with clear errors,
+tokenisation, head bookkeeping), so that the concrete classes only supply the forward pass and the pattern computation.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from gather_aggregate.checks import token_tensor
+from gather_aggregate.checks import HEAD_KINDS, names, token_tensor
 from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
 from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
@@ -225,6 +224,7 @@ class ProtocolMixin:
 
     def all_heads(self, kinds: Sequence[LayerKind] | None = None) -> list[Head]:
         """Every ``(layer, head)`` of the model, optionally only the heads of some kinds (``"attn"``, ``"ssm"``)."""
+        kinds = None if kinds is None else names(kinds, "kinds", HEAD_KINDS)  # type: ignore[assignment]
         return [(info.index, h) for info in self.layers for h in range(info.n_heads)
                 if kinds is None or info.kind_of(h) in kinds]
 

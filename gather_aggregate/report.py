@@ -137,6 +137,9 @@ def as_section(obj: Any) -> Section:
         return KeyValues(obj)
     if isinstance(obj, Sequence) and obj and all(isinstance(r, Mapping) for r in obj):
         return Table(list(obj))
+    rows = getattr(obj, "rows", None)  # a ScanResult (or any table object with rows): its rows
+    if isinstance(rows, list) and rows and all(isinstance(r, Mapping) for r in rows):
+        return Table(list(rows))
     raise InputError(
         f"cannot put a {type(obj).__name__} in a report; use Markdown/Text (str), Table (list of dicts), "
         "Figure (plotly go.Figure), Attention (gather_aggregate.viz.attention_heads(...)) or KeyValues (dict)"
@@ -371,6 +374,9 @@ def render_report(title: str, sections: Sequence[Any], *, meta: Mapping[str, Any
         raise InputError("a report needs a non-empty title=...")
     if isinstance(sections, (str, bytes)) or not isinstance(sections, Sequence):
         raise InputError(f"sections must be a list of sections, got {type(sections).__name__}")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise InputError(f"meta must be a dict shown under the title, e.g. {{'model': 'llama-kv'}}, got "
+                         f"{type(meta).__name__}")
     secs = [as_section(s) for s in sections]
     body = [_section_html(s, f"s{i + 1}") for i, s in enumerate(secs)]
     from gather_aggregate.viz.assets import circuitsvis_js, packed_script, plotly_js, unpack_loader

@@ -40,9 +40,9 @@ import torch
 from torch import Tensor
 
 from gather_aggregate import layer_resume
-from gather_aggregate.checks import check_model, count, names, number
+from gather_aggregate.checks import HEAD_KINDS, check_model, count, names, number
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
-from gather_aggregate.indices import as_index
+from gather_aggregate.indices import HEAD_NAME, as_index
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
 from gather_aggregate.io import read_json, write_table
 from gather_aggregate.protocol import Head, HookedModel, device_of
@@ -71,7 +71,7 @@ class ScanResult:
         ``benchmarks/bench_shortlist.py`` measures both)."""
         if by not in ("score", "magnitude"):
             raise InputError(f"by must be 'score' or 'magnitude', got {by!r}")
-        k, kinds = count(k, "k", minimum=0), None if kinds is None else names(kinds, "kinds")
+        k, kinds = count(k, "k", minimum=0), None if kinds is None else names(kinds, "kinds", HEAD_KINDS)
         rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
         if by == "magnitude":
             rows.sort(key=lambda r: (-abs(r["score"]), r["layer"], r["head"]))
@@ -84,18 +84,27 @@ class ScanResult:
         The test is per head: of heads with no effect, about 2.3 % pass ``z = 2`` by chance (normal approximation),
         so on a model of many heads take a larger ``z`` (Bonferroni: ``z = 3.9`` keeps the chance of any false
         pass under 5 % at 1024 heads)."""
-        z, kinds = number(z, "z (standard errors)", minimum=0), None if kinds is None else names(kinds, "kinds")
+        z, kinds = number(z, "z (standard errors)", minimum=0), None if kinds is None else names(kinds, "kinds", HEAD_KINDS)
         if not self.rows or any("stderr" not in r for r in self.rows):
             raise InputError("this scan has no per-prompt standard errors; scan exactly with a per-prompt metric "
                              "(tasks.task_metric, or ReadoutMetric.mean_of) on two or more prompts")
         rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
         return [(r["layer"], r["head"]) for r in rows if r["score"] > z * r["stderr"]]
 
-    def score(self, layer: int, head: int) -> float:
+    def score(self, layer: Any, head: Any = None) -> float:
+        """The score of ``(layer, head)``; also ``score((1, 2))`` or ``score("L1H2")``."""
+        if head is None:
+            m = HEAD_NAME.match(layer.strip()) if isinstance(layer, str) else None
+            try:
+                layer, head = (int(m.group(1)), int(m.group(2))) if m else layer
+            except (TypeError, ValueError):
+                raise InputError(f"score takes (layer, head), a pair or a name like 'L1H2', got {layer!r}") from None
+        hd = (as_index(layer, "layer"), as_index(head, "head"))
         for r in self.rows:
-            if r["layer"] == layer and r["head"] == head:
+            if (r["layer"], r["head"]) == hd:
                 return float(r["score"])
-        raise KeyError((layer, head))
+        raise InputError(f"this scan has no row for L{hd[0]}H{hd[1]} (it scanned {len(self.rows)} heads); pass "
+                         "one of scan.scores(), or scan that head")
 
     def scores(self) -> dict[Head, float]:
         return {(r["layer"], r["head"]): float(r["score"]) for r in self.rows}
@@ -405,8 +414,9 @@ def _clean_of(rows: list[dict[str, Any]]) -> float | None:
 def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         old = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable scan file ({exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: invalid JSON, or bytes that are not UTF-8 text
+        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable scan file ({exc}); use another "
+                                  "--out or drop --resume") from None
     problem = _table_problem(old)
     if problem:
         raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a scan table ({problem}); use another "

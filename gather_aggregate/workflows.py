@@ -230,6 +230,9 @@ def run_report(args: argparse.Namespace) -> int:
     from gather_aggregate.report_builder import build_report_from_dir
 
     results = Path(args.results or args.out or "ga_out")
+    if results.is_file():
+        raise InputError(f"--results {str(results)!r} is a file; pass the directory a subcommand's --out wrote "
+                         f"(e.g. {str(results.parent)!r})")
     if not results.is_dir():
         raise InputError(f"results directory {str(results)!r} does not exist; run scan/detect/eval with --out first")
     path = build_report_from_dir(results, Path(args.out or results) / "report.html")

@@ -375,3 +375,124 @@ def test_resample_hooks_give_each_prompt_another_prompts_outputs_in_any_batching
     assert res["ablated"]["kv"] == pytest.approx(whole.accuracy)
     with pytest.raises(InputError, match="at least two prompts"):
         resample_hooks(model, [head], kv[:1])
+
+
+# ---- second audit: inputs nobody had tried ------------------------------------------------------
+def test_configs_that_load_into_nothing_and_integer_dtypes(tmp_path, tiny_llama_dir):
+    """A config with 0 layers or 0 positions loaded (0 heads: every scan answered nothing); a non-UTF-8
+    config.json was a UnicodeDecodeError; dtype=torch.int64 was called a damaged weight file."""
+    for key in ("num_hidden_layers", "max_position_embeddings"):
+        with pytest.raises(ModelLoadError, match=f"has {key}=0; it must be at least 1") as err:
+            load_model(_edit_config(tiny_llama_dir, tmp_path / key, **{key: 0}))
+        _one_line(err.value)
+    d = _edit_config(tiny_llama_dir, tmp_path / "latin1")
+    (d / "config.json").write_bytes((d / "config.json").read_bytes().replace(b'"llama"', b'"llama\xff"'))
+    with pytest.raises(ModelLoadError, match="config.json' is damaged.*utf-8"):
+        load_model(d)
+    with pytest.raises(ModelLoadError, match="torch.int64 is not a floating-point dtype"):
+        load_model(tiny_llama_dir, dtype=torch.int64)
+
+
+def test_examples_with_bad_fields_or_another_tokenizer(llama_model):
+    """An answer past the candidates scored 0 (one candidate: 1) silently, a query past the prompt, an empty
+    candidate or ids past the vocabulary were bare IndexError/RuntimeError from torch, and examples tokenised by
+    another tokenizer whose ids fit the vocabulary were read as other words (a silent wrong accuracy)."""
+    import dataclasses
+
+    from gather_aggregate.errors import TaskError
+    from gather_aggregate.tasks import evaluate, task_metric
+    from gather_aggregate.tasks.base import PromptSpec, annotate
+    from gather_aggregate.tasks.registry import get_task
+
+    tok = llama_model.tokenizer
+    for answer, candidates in ((5, ["cat", "dog"]), ("dog", ["cat", "dog"]), (-1, ["cat", "dog"]), (0, ["cat"])):
+        with pytest.raises(TaskError, match=f"answer={answer!r} must index one of two or more candidates"):
+            annotate(PromptSpec("the cat sat", [(0, 7, "a")], 0, candidates, answer), tok)
+    with pytest.raises(TaskError, match="correct=4 must index the segments"):
+        annotate(PromptSpec("the cat sat", [(0, 7, "a")], 4, ["cat", "dog"], 0), tok)
+    ex = get_task("kv", n_pairs=2).examples(tok, 3)
+    for bad, needle in (({"answer": 7}, "answer=7 must index"), ({"query_pos": 999}, "query_pos=999 is not one"),
+                        ({"candidate_ids": [[]] * len(ex[0].candidates)}, "a candidate has no token ids"),
+                        ({"candidate_ids": [[9999]] * len(ex[0].candidates)}, "token ids up to 9999 but the")):
+        for call in (lambda e: evaluate(llama_model, e, progress=False), lambda e: task_metric(llama_model, e)):
+            with pytest.raises(GAError, match=needle) as err:
+                call([dataclasses.replace(ex[0], **bad), *ex[1:]])
+            _one_line(err.value)
+    path = list_zoo().get("llama-kv")
+    if path is None:
+        pytest.skip("the toy zoo is not shipped")
+    zoo_model = load_model(path)  # a word-level vocabulary of 376: the tiny BPE's ids (< 300) all fit it
+    with pytest.raises(InputError, match="example 0 was tokenised by another tokenizer than the model's"):
+        evaluate(zoo_model, ex, progress=False)
+    zoo_ex = get_task("kv", model_dir=path, n_pairs=2).examples(zoo_model.tokenizer, 2)
+    from gather_aggregate.detect import find_ga_heads
+
+    for call in (evaluate, task_metric, find_ga_heads):
+        with pytest.raises(InputError, match="build the examples with this model's tokenizer"):
+            call(llama_model, zoo_ex)
+    assert evaluate(zoo_model, zoo_ex, progress=False).n == 2  # its own examples still pass
+
+
+def test_scan_files_that_are_not_text_and_outputs_under_a_file(llama_model, tmp_path):
+    from gather_aggregate.errors import ResumeMismatchError
+    from gather_aggregate.scan import ScanResult
+
+    tokens = torch.randint(0, 50, (2, 6))
+    out = tmp_path / "scan.json"
+    out.write_bytes(b"\xff\xfe not text")  # was a UnicodeDecodeError, on resume and on load
+    with pytest.raises(ResumeMismatchError, match="not a readable scan file.*drop --resume"):
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=out, resume=True, progress=False)
+    with pytest.raises(InputError, match="not valid JSON"):
+        ScanResult.load(out)
+    with pytest.raises(InputError, match="scan.json' is a file, not a directory"):  # was NotADirectoryError
+        exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], out=out / "x.json", progress=False)
+
+
+def test_scan_scores_by_name_and_reports_of_scans(llama_model, tmp_path):
+    from gather_aggregate.report import write_report
+
+    scan = exact_scan(llama_model, torch.randint(0, 50, (2, 6)), _metric, heads=[(1, 0), (1, 2)], progress=False)
+    assert scan.score("L1H2") == scan.score((1, 2)) == scan.score(torch.tensor(1), 2) == scan.scores()[(1, 2)]
+    with pytest.raises(InputError, match="no row for L1H1 .*scanned 2 heads"):  # was a bare KeyError
+        scan.score(1, 1)
+    with pytest.raises(InputError, match="a pair or a name like 'L1H2'"):
+        scan.score("head two")
+    assert "<table" in write_report(tmp_path / "r.html", title="scan", sections=[scan]).read_text()
+    with pytest.raises(InputError, match="meta must be a dict"):  # was AttributeError: no .items
+        write_report(tmp_path / "r.html", title="scan", sections=["x"], meta=["model"])
+
+
+def test_cli_names_no_model_results_file_and_training_counts(tmp_path, capsys):
+    """``demo --model ,,`` was a StopIteration; ``report --results FILE`` said the file did not exist; ``zoo
+    train --steps -1`` trained nothing and saved the untrained model."""
+    from gather_aggregate.cli import main
+
+    (tmp_path / "scan.json").write_text("{}")
+    for argv, needle in ((["demo", "--model", ",,", "--out", str(tmp_path / "d")], "names no model"),
+                         (["report", "--results", str(tmp_path / "scan.json")], "is a file; pass the directory"),
+                         (["zoo", "train", "--steps", "-1", "--out", str(tmp_path / "z")], "--steps must be at least 1"),
+                         (["zoo", "train", "--lr", "nan", "--out", str(tmp_path / "z")], "--lr must be a positive"),
+                         (["zoo", "train", "--curriculum", "2", "--out", str(tmp_path / "z")], "from 0 to 1")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert needle in err[-1] and "error (" not in err[-1], err
+    assert not (tmp_path / "z").exists()
+
+
+def test_unknown_head_kinds_and_patch_positions_past_the_prompt(llama_model):
+    """``kinds=["mlp"]`` (or "Attn") selected no head and answered ``[]``; a patch position past the prompt wrapped
+    around (99 patched position 99 % n_pos); numpy / torch positions still work."""
+    import numpy as np
+
+    tokens = torch.randint(0, 50, (2, 6))
+    scan = exact_scan(llama_model, tokens, _metric, heads=[(1, 0)], progress=False)
+    for call in (lambda k: scan.top(1, kinds=k), lambda k: scan.significant(kinds=k),
+                 lambda k: llama_model.all_heads(kinds=k)):
+        with pytest.raises(InputError, match=r"kinds: unknown name\(s\) \['mlp'\]; choose from \['attn', 'ssm'\]"):
+            call(["mlp"])
+    assert llama_model.all_heads(kinds=["ssm"]) == [] and len(llama_model.all_heads(kinds=("attn",))) > 0
+    with pytest.raises(GAError, match=r"positions \[99\] are outside the prompts' 6 tokens"):
+        patch_heads(llama_model, tokens, tokens.flip(0), _metric, heads=[(1, 0)], per_position=True, positions=[99])
+    rows = patch_heads(llama_model, tokens, tokens.flip(0), _metric, heads=[(1, 0)], per_position=True,
+                       positions=[np.int64(2), torch.tensor(-1)], progress=False).rows
+    assert sorted(r["position"] for r in rows) == [2, 5]

@@ -165,6 +165,7 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     (["eval", "--task", "kv"], "the following arguments are required: --model"),
     (["zoo", "train", "--arch", "mamba"], "invalid choice: 'mamba'"),
     (["pattern", "--model", "M", "--heads", ","], "no head indices given"),  # was every head, silently
+    (["demo", "--n", "1000"], "--n must be at most 64, got 1000"),  # was clamped to 64, silently
 ])
 def test_option_values_are_checked_before_any_model_loads(argv, needle):
     # M does not exist: the error must be about the option, found before any loading

@@ -287,6 +287,7 @@ def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     if tokenizer is None or not callable(tokenizer):
         raise TaskError(f"a tokenizer is needed to build examples, got {type(tokenizer).__name__}; call "
                         "task.examples(model.tokenizer, n)")
+    check_indices(spec.answer, spec.correct, len(spec.candidates), len(spec.segments), "prompt spec")
     enc = _encode(tokenizer, spec.prompt, offsets=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
@@ -454,7 +455,27 @@ def check_examples(examples: Any, what: str = "examples") -> list[Any]:
                          f"{type(bad).__name__}")
     if not items:
         raise InputError(f"{what} is empty; pass at least one Example (task.examples(tokenizer, n=...))")
+    for i, e in enumerate(items):
+        check_indices(e.answer, e.correct, len(e.candidates), len(e.segments), f"{what}[{i}]")
+        problem = f"query_pos={e.query_pos} is not one of its {len(e.input_ids)} tokens" \
+            if not 0 <= e.query_pos < len(e.input_ids) else None if len(e.candidate_ids) == len(e.candidates) \
+            and all(e.candidate_ids) else "a candidate has no token ids"
+        if problem:
+            raise InputError(f"{what}[{i}]: {problem}; build examples with task.examples(tokenizer, n=...)")
     return items
+
+
+def check_indices(answer: Any, correct: Any, n_candidates: int, n_segments: int, where: str) -> None:
+    """``answer`` indexes 2+ candidates (else accuracy is silently 0 or 1), ``correct`` the segments or is -1."""
+    from gather_aggregate.indices import is_index
+
+    if n_candidates < 2 or not is_index(answer) or not 0 <= int(answer) < n_candidates:
+        raise TaskError(f"{where}: answer={answer!r} must index one of two or more candidates (0..{n_candidates - 1});"
+                        " pass the right candidate's index, e.g. candidates.index(text)")
+    if not is_index(correct) or not -1 <= int(correct) < n_segments:
+        raise TaskError(f"{where}: correct={correct!r} must index the segments (0..{n_segments - 1}) or be -1 (none)")
+
+
 
 
 def check_task_sets(task_sets: Any, examples: bool = True) -> dict[str, Any]:

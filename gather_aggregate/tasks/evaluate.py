@@ -31,7 +31,8 @@ import torch
 from gather_aggregate.errors import InputError, TaskError
 from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import HookedModel, check_hook_names, pad_id_of
-from gather_aggregate.tasks.base import Batch, Example, check_context, collate
+from gather_aggregate.tasks.base import Batch, Example, check_context, check_examples, collate
+from gather_aggregate.tasks.fit import check_fits
 
 if TYPE_CHECKING:  # pragma: no cover
     from jaxtyping import Float
@@ -192,7 +193,7 @@ def _resolve_examples(model: HookedModel, task_or_examples: Any, n: int | None, 
     bad = [type(e).__name__ for e in examples if not isinstance(e, Example)]
     if bad:
         raise InputError(f"evaluate takes a task or a list of tasks.Example, got {bad[0]}")
-    return examples
+    return check_examples(examples)
 
 
 def evaluate(
@@ -234,6 +235,7 @@ def evaluate(
 
     warn_if_unknown(str(exs[0].meta.get("task", "examples")), (e.input_ids for e in exs),
                     getattr(model, "tokenizer", None))
+    check_fits(model, exs)
     longest = max(max(len(c) for c in e.candidate_ids) for e in exs)
     check_context(exs, getattr(model, "n_ctx", None), extra=longest - 1)
     pad = pad_id_of(getattr(model, "tokenizer", None))

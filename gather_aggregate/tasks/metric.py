@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import pad_id_of
 from gather_aggregate.tasks.base import Example, check_examples, collate
+from gather_aggregate.tasks.fit import check_fits
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -36,6 +37,7 @@ def task_metric(model: HookedModel, examples: Sequence[Example],
 
     check_model(model)
     examples = check_examples(examples)
+    check_fits(model, examples)
 
     if kind not in ("logprob", "logit_diff"):
         raise InputError(f"metric kind must be 'logprob' or 'logit_diff', got {kind!r}")

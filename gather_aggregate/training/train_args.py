@@ -126,4 +126,26 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> TrainConfig:
     given = vars(args)
     kw = {f.name: given[f.name] for f in dataclasses.fields(TrainConfig) if f.name in given}
     kw.update(mixture=mixture, progress=not given.get("no_progress", False), **fields)
+    check_ranges(kw)
     return TrainConfig(**kw)
+
+
+#: the least value of each numeric option (None: not given, the architecture's default); curriculum is a share
+_AT_LEAST: dict[str, float] = {
+    **dict.fromkeys(("steps", "threads", "batch_size", "bucket", "eval_every", "eval_n", "log_every", "kv_start",
+                     "kv_max", "d_model", "n_layers", "n_heads", "d_ff", "d_state", "grow_to", "stop_after"), 1),
+    **dict.fromkeys(("seed", "world_seed", "warmup", "curriculum"), 0),
+}
+
+
+def check_ranges(kw: dict[str, Any]) -> None:
+    """Refuse a count below its least value (``--steps -1`` trained nothing and saved the untrained model), a
+    learning rate or time limit that is not positive, and a curriculum share outside ``[0, 1]``."""
+    for name, least in _AT_LEAST.items():
+        if kw.get(name) is not None and kw[name] < least:
+            raise InputError(f"--{name.replace('_', '-')} must be at least {least}, got {kw[name]}")
+    for name in ("lr", "max_minutes"):
+        if kw.get(name) is not None and not kw[name] > 0:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive number, got {kw[name]}")
+    if kw.get("curriculum") is not None and kw["curriculum"] > 1:
+        raise InputError(f"--curriculum is a share of the steps, from 0 to 1; got {kw['curriculum']}")
