@@ -409,7 +409,7 @@ class BridgeModel(ProtocolMixin):
                                  "that drops it, or pass tokens")
         full = cache[name][:, heads]
         r = resolve_rows(rows, full.shape[0], full.shape[-1], full.device)
-        return gather_rows(full, r)
+        return gather_rows(full, r).float()  # float32, as the adapters' patterns (a bf16 model's are upcast)
 
     # ---- everything else is TransformerLens' ------------------------------
     def __getattr__(self, item: str) -> Any:

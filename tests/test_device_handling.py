@@ -187,3 +187,22 @@ def test_implied_attention_of_a_bf16_model_reconstructs_its_float32_scan_output(
             got = (torch.einsum("bhts,bshp->bthp", alpha, xh) + xh * D[:, None]).reshape(b, L, -1)
         err = float((got - y).abs().max() / y.abs().max())
         assert err <= 1e-5, (layer, err)
+
+
+# ---- patterns of a half-precision transformer ----------------------------------------------------------------
+def test_a_bf16_transformers_pattern_is_float32_like_the_adapters(tmp_path):
+    """TransformerBridge caches a bf16 model's pattern in bf16; ``pattern`` returns float32 on every model kind
+    (the SSM adapters' implied attention and hybrid patterns already were), the same rows upcast exactly."""
+    from gather_aggregate import load_model
+    from gather_aggregate.testing import save_model_dir, tiny_llama
+
+    hf, tok = tiny_llama()
+    model = load_model(save_model_dir(hf, tok, tmp_path), dtype="bf16")
+    tokens = model.to_tokens("a b c d e")
+    _, cache = model.run_with_cache(tokens)
+    cached = cache["blocks.0.attn.hook_pattern"]
+    assert cached.dtype == torch.bfloat16
+    got = model.pattern(tokens, 0)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, cached.float())
+    assert model.pattern(cache, 0, rows=-1).dtype == torch.float32
