@@ -476,8 +476,6 @@ def check_indices(answer: Any, correct: Any, n_candidates: int, n_segments: int,
         raise TaskError(f"{where}: correct={correct!r} must index the segments (0..{n_segments - 1}) or be -1 (none)")
 
 
-
-
 def check_task_sets(task_sets: Any, examples: bool = True) -> dict[str, Any]:
     """A mapping of task name -> examples or a task (the experiments' ``task_sets``, as ``evaluate`` takes them);
     with ``examples=False`` (a custom evaluator reads them) the values are not checked."""
