@@ -19,6 +19,7 @@ plan spans more than one. Offloading to ``"disk"``/``"meta"`` is not supported.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -127,8 +128,23 @@ def dispatch(model: nn.Module, mods: Mapping[str, torch.device]) -> nn.Module:
     from accelerate import dispatch_model
 
     on_cpu = any(d.type == "cpu" for d in mods.values())
-    return dispatch_model(model, device_map={k: (d.index if d.type == "cuda" else str(d)) for k, d in mods.items()},
-                          **({"main_device": "cpu"} if on_cpu else {}))
+    device_map = {k: (d.index if d.type == "cuda" else str(d)) for k, d in mods.items()}
+    if not on_cpu:
+        return dispatch_model(model, device_map=device_map)
+    # accelerate logs "Some parameters are on the meta device because they were offloaded to the cpu" whenever the
+    # map names the CPU, offloaded or not; with the CPU as main device nothing is, so that line would mislead
+    log = logging.getLogger("accelerate.big_modeling")
+    quiet = _DropOffloadNote()
+    log.addFilter(quiet)
+    try:
+        return dispatch_model(model, device_map=device_map, main_device="cpu")
+    finally:
+        log.removeFilter(quiet)
+
+
+class _DropOffloadNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "offloaded to the" not in record.getMessage()
 
 
 def refuse_split(model: nn.Module, layer: int) -> None:

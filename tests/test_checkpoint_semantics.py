@@ -322,6 +322,25 @@ def test_device_map_keeps_each_block_and_zamba2_shared_blocks_whole():
         plan(model, "auto", torch.float32, max_memory={"cpu": 1000})
 
 
+def test_dispatch_keeps_cpu_modules_on_the_cpu_without_an_offload_note(tmp_path, caplog):
+    """Across the CPU and another device, accelerate alone would offload the CPU modules to ``meta`` (streamed to
+    the GPU) and log that it did, also when it did not; ``dispatch`` keeps them on the CPU, quietly.  ``meta``
+    stands in for the GPU a CPU-only machine lacks (tests/test_gpu.py runs the real split)."""
+    pytest.importorskip("accelerate")
+    import logging
+
+    from gather_aggregate.adapters.placement import dispatch
+
+    _tiny("mamba").save_pretrained(tmp_path)
+    model = load_model(tmp_path, tokenizer=False)
+    with caplog.at_level(logging.WARNING):
+        dispatch(model, {"embed": torch.device("cpu"), "blocks": torch.device("meta"), "ln_final": torch.device("cpu")})
+    assert {p.device.type for p in model.embed.parameters()} == {"cpu"}
+    assert {p.device.type for p in model.ln_final.parameters()} == {"cpu"}
+    assert not [r for r in caplog.records if "offloaded" in r.getMessage()]
+    assert not logging.getLogger("accelerate.big_modeling").filters  # the filter is gone after the call
+
+
 @pytest.mark.parametrize("kind", ["mamba", "zamba2"])
 def test_resumed_forwards_refuse_a_model_split_across_devices(tmp_path, kind):
     """A model placed on several devices by device_map runs forwards and patterns, but the scans' resumed forwards
