@@ -170,3 +170,51 @@ def check_audited_paths_on(device: str) -> None:
 
 def test_audited_paths_on_cuda():
     check_audited_paths_on("cuda")
+
+
+# ---- the newer families at real width (session 15): written then, NOT YET RUN ON A GPU; the body ran on CPU -----
+#: the CPU real-width tier's sizes (tests/test_realwidth.py, SLOW), two layers where the family has them
+NEWER = {"llama-3.1-8b": dict(n_layers=1, vocab=32000), "llamba-8b": dict(n_layers=2, vocab=32000),
+         "nemotron-h-8b": dict(n_layers=3, vocab=32000), "granite-4.0-h-tiny": dict(n_layers=2, n_experts=None),
+         "qwen3-next-80b-a3b": dict(n_layers=2, vocab=32000, n_experts=64),
+         "falcon-h1-7b": dict(n_layers=2, vocab=32000)}
+
+
+def check_newer_family_on(device: str, name: str, kw: dict, root) -> None:
+    """A real-width checkpoint of ``name`` on ``device``: the shipped dtype kept (and on CUDA the device-memory
+    bar), fp32 logits equal the oracle's (HF's own model, Llamba's sequential oracle; on the CPU), and in the
+    shipped dtype the last-row patterns, exact scan = naive scan and AtP over every head."""
+    from gather_aggregate.adapters.realwidth import reference_logits
+
+    d = write_checkpoint(name, root / name, **kw)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    model = load_model(d, tokenizer=False, device=device)
+    assert model.dtype == getattr(torch, PUBLISHED[name]["dtype"])
+    if cuda:
+        assert torch.cuda.max_memory_allocated() - base <= DEVICE_BAR * param_bytes(model)
+    vocab = kw.get("vocab") or PUBLISHED[name]["vocab_size"]
+    tokens = torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(0))
+    if not hasattr(model, "module"):  # the bridge's (Llama's) patterns and scans are tested elsewhere
+        tok = tokens.to(device)
+        check_last_row_patterns(model, tok, atol=1e-3, rtol=1e-2)
+        check_exact_scan_matches_naive(model, tok, rel_tol=2e-2)
+        target = tok[:, -1]
+        atp = atp_scan(model, tok, lambda lg: lg[:, -1].float().log_softmax(-1).gather(-1, target[:, None]).mean())
+        assert len(atp.rows) == sum(i.n_heads for i in model.layers)
+        assert all(torch.isfinite(torch.tensor(r["score"])) for r in atp.rows)
+    model = None
+    short = tokens[:, :24]  # the oracle runs on the CPU (Llamba's is sequential): the CPU tier's length
+    ref = reference_logits(name, d, short, **{k: v for k, v in kw.items() if k in ("n_layers", "vocab", "n_experts")})
+    fp32 = load_model(d, tokenizer=False, device=device, dtype="float32")
+    with torch.no_grad():
+        got = fp32(short.to(device)).float().cpu()
+    assert (got - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("name", list(NEWER))
+def test_newer_families_on_cuda(tmp_path, name):
+    check_newer_family_on("cuda", name, NEWER[name], tmp_path)
