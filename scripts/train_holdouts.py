@@ -47,7 +47,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from holdout_formats import FORMATS, render  # noqa: E402
-from train_fixtures import _accuracy, _doc, ship  # noqa: E402
+from train_fixtures import _doc, mixture_training, ship  # noqa: E402
 
 HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5),
             "table-qwen2": dict(family="qwen2", fmt="table", seed=11, world_seed=6),
@@ -133,8 +132,7 @@ def eval_items(world: Any, kind: str, n: int, seed: int) -> list[tuple[str, str,
 def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resume: bool = False) -> dict:
     import torch
 
-    from gather_aggregate.training.data import collate
-    from gather_aggregate.training.train import TrainConfig, lr_at, train_step
+    from gather_aggregate.training.train import TrainConfig
     from gather_aggregate.training.vocab import PAD, build_tokenizer
 
     h = HOLDOUTS[which]
@@ -167,41 +165,24 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
     ev_mqar = eval_items(world, "mqar", 96, 20_001)
     ev_fmt = eval_items(world, fmt, 96, 20_002)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time() - 60 * done_minutes
-    for step in range(first, sched.steps):
-        model.train()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, sched)
-        docs = []
-        for _ in range(h.get("batch", 64)):
-            kind = "mqar" if warm or rng.random() < 1 / 3 else fmt
-            docs.append(doc(world, rng, kind, 8 if kind == "mqar" else rng.randint(4, 10), rng.randint(12, 20)))
-        x, y = collate(docs, vocab, pad_id)
-        loss = train_step(model, opt, x, y)
-        if (step + 1) % 50 == 0:
-            minutes = (time.time() - t0) / 60
-            row = {"step": step + 1, "minutes": round(minutes, 2), "loss": round(loss.item(), 4), "warmup": warm,
-                   "mqar8": _accuracy(model, ev_mqar, vocab, pad_id),
-                   f"{fmt}8": _accuracy(model, ev_fmt, vocab, pad_id)}
-            log.append(row)
-            print(json.dumps(row), flush=True)
-            if warm and (row["mqar8"] >= 0.9 or step + 1 >= 800):
-                warm = False
-            done = row[f"{fmt}8"] >= target or minutes > max_minutes
-            if done or (step + 1) % 250 == 0:
-                model.save_pretrained(out, safe_serialization=True)
-                tok.save_pretrained(out)
-                rec = {"arch": h["family"], "hf_class": type(model).__name__, "format": fmt,
-                       "format_words": FORMATS[fmt]["words"], "summary_token": FORMATS[fmt]["summary"],
-                       "seed": h["seed"],
-                       "world_seed": h["world_seed"], "kv_keys": world.kv_keys, "kv_values": world.kv_values,
-                       "n_params": sum(p.numel() for p in model.parameters()), "steps_done": step + 1,
-                       "final": row, "log": log, "resumed_at": resumed_at,
-                       "command": f"OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py {which} "
-                                  f"--out DIR --max-minutes {max_minutes:g}"}
-                (out / "fixture.json").write_text(json.dumps(rec, indent=1))
-            if done:
-                break
+    for row, minutes in mixture_training(model, opt, sched, rng, world, doc, fmt, ev_mqar, ev_fmt, first=first,
+                                         warm=warm, minutes_done=done_minutes, batch=h.get("batch", 64)):
+        log.append(row)
+        done = row[f"{fmt}8"] >= target or minutes > max_minutes
+        if done or row["step"] % 250 == 0:
+            model.save_pretrained(out, safe_serialization=True)
+            tok.save_pretrained(out)
+            rec = {"arch": h["family"], "hf_class": type(model).__name__, "format": fmt,
+                   "format_words": FORMATS[fmt]["words"], "summary_token": FORMATS[fmt]["summary"],
+                   "seed": h["seed"],
+                   "world_seed": h["world_seed"], "kv_keys": world.kv_keys, "kv_values": world.kv_values,
+                   "n_params": sum(p.numel() for p in model.parameters()), "steps_done": row["step"],
+                   "final": row, "log": log, "resumed_at": resumed_at,
+                   "command": f"OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py {which} "
+                              f"--out DIR --max-minutes {max_minutes:g}"}
+            (out / "fixture.json").write_text(json.dumps(rec, indent=1))
+        if done:
+            break
     return log[-1]
 
 
