@@ -175,7 +175,10 @@ class ProtocolMixin:
         return self.layers[layer % n]
 
     def check_heads(self, layer: int, heads: int | Sequence[int] | None) -> list[int]:
-        """Normalise ``heads`` to a list of valid head indices of ``layer``."""
+        """Normalise ``heads`` to a list of valid head indices of ``layer``.
+
+        A negative head counts from the end, as a negative layer does (``-1`` is the last head).
+        """
         info = self.check_layer(layer)
         if heads is None:
             return list(range(info.n_heads))
@@ -187,16 +190,17 @@ class ProtocolMixin:
         hs = [as_index(h, "head") for h in heads] if isinstance(heads, Sequence) else [as_index(heads, "head")]
         if not hs:
             raise InputError(f"empty head set for layer {info.index}: pass heads=None for all heads")
-        bad = [h for h in hs if not 0 <= h < info.n_heads]
+        n = info.n_heads
+        bad = [h for h in hs if not -n <= h < n]
         if bad:
             raise IndexOutOfRangeError(
                 f"head(s) {bad} out of range for layer {info.index} ({info.kind}), which has "
-                f"{info.n_heads} heads (0..{info.n_heads - 1})"
+                f"{n} heads (0..{n - 1}, or -{n}..-1 from the end)"
             )
-        return hs
+        return [h % n for h in hs]
 
     def check_head_set(self, heads: Sequence[Head]) -> list[Head]:
-        """Validate a list of ``(layer, head)`` pairs; layers are made non-negative."""
+        """Validate a list of ``(layer, head)`` pairs; negative layers and heads are made non-negative."""
         if isinstance(heads, (str, bytes)) or not isinstance(heads, (Sequence, set, frozenset)) \
                 and not hasattr(heads, "__iter__"):
             raise InputError(f"heads must be a list of (layer, head) pairs, e.g. [(1, 0), (1, 3)], got {heads!r}")
@@ -217,8 +221,7 @@ class ProtocolMixin:
             except (TypeError, ValueError):
                 raise InputError(f"heads must be (layer, head) pairs of ints, e.g. [(1, 0)], got {item!r}") from None
             info = self.check_layer(as_index(layer, "layer"))
-            h = as_index(head, "head")
-            self.check_heads(info.index, [h])
+            (h,) = self.check_heads(info.index, [as_index(head, "head")])
             out.append((info.index, h))
         return out
 

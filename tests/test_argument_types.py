@@ -120,3 +120,22 @@ def test_a_wrong_argument_is_one_line_of_our_errors(world, name, where, values):
             fn(*a, **k)
         assert "\n" not in str(err.value).strip(), str(err.value)
     assert torch.is_grad_enabled()
+
+
+def test_negative_heads_count_from_the_end_like_negative_layers(world):
+    """A negative head is read as Python reads it, as a negative layer already was: ``(-1, -1)`` is the last head
+    of the last layer, everywhere a head set is taken."""
+    from gather_aggregate.interventions import run_ablated
+    from gather_aggregate.scan import exact_scan
+
+    model, _, toks, met, _ = world
+    last_layer, last_head = model.n_layers - 1, model.layers[-1].n_heads - 1
+    assert model.check_head_set([(-1, -1), ("L0H1")]) == [(last_layer, last_head), (0, 1)]
+    assert model.check_heads(0, [-1, 0]) == [model.layers[0].n_heads - 1, 0]
+    torch.testing.assert_close(run_ablated(model, toks[:2], [(-1, -1)]),
+                               run_ablated(model, toks[:2], [(last_layer, last_head)]), rtol=0, atol=0)
+    scan = exact_scan(model, toks, met, heads=[(0, -1)], progress=False)
+    assert [(r["layer"], r["head"]) for r in scan.rows] == [(0, model.layers[0].n_heads - 1)]
+    n = model.layers[0].n_heads
+    with pytest.raises(GAError, match=rf"-{n}\.\.-1"):
+        model.check_heads(0, [-n - 1])
