@@ -188,7 +188,7 @@ def load_tokenizer(source: str) -> Any:
             "tokenizer.save_pretrained(dir), or pass tokenizer=... to load_model"
         )
     try:
-        tok = AutoTokenizer.from_pretrained(source)
+        tok = AutoTokenizer.from_pretrained(source, **_config_for_tokenizer(source))
         if _replaced_tokenizer_model(source, tok):
             from transformers import PreTrainedTokenizerFast
 
@@ -196,6 +196,22 @@ def load_tokenizer(source: str) -> Any:
         return tok
     except Exception as exc:  # noqa: BLE001
         raise TokenizerMissingError(f"could not load the tokenizer of {source!r}: {exc}; pass tokenizer=...") from None
+
+
+def _config_for_tokenizer(source: str) -> dict[str, Any]:
+    """``config=`` for ``AutoTokenizer`` when the directory's ``config.json`` is of a type transformers does not know
+    (our head-level hybrids, mamba-ssm and Llamba checkpoints): a blank config, so the tokenizer comes from
+    ``tokenizer_config.json`` alone, where transformers would otherwise fall back to reading the unknown config
+    and log that the checkpoint may not be compatible."""
+    import json
+
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+
+    try:
+        model_type = json.loads((Path(source) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {} if model_type in CONFIG_MAPPING else {"config": PretrainedConfig()}
 
 
 def _replaced_tokenizer_model(source: str, tok: Any) -> bool:

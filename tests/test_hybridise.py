@@ -101,6 +101,10 @@ def test_mohawk_initialisation(teacher):
 
 
 def test_hybrid_is_a_protocol_model_and_round_trips_through_load_model(teacher, tmp_path):
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
     from gather_aggregate import load_model
     from gather_aggregate.hybridise import hybridise
     from gather_aggregate.protocol import HookedModel
@@ -120,10 +124,20 @@ def test_hybrid_is_a_protocol_model_and_round_trips_through_load_model(teacher, 
     fast, slow = exact_scan(model, t, metric, progress=False), naive_scan(model, t, metric, progress=False)
     assert max(abs(fast.score(*h) - slow.score(*h)) for h in model.all_heads()) <= 1e-4
     model.save_pretrained(tmp_path / "hy")
-    again = load_model(tmp_path / "hy")
+    seen: list[str] = []
+    catch = logging.Handler()
+    catch.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    hf_logging.get_logger("transformers").addHandler(catch)
+    try:
+        again = load_model(tmp_path / "hy")
+    finally:
+        hf_logging.get_logger("transformers").removeHandler(catch)
     assert type(again).__name__ == "HookedHeadHybrid" and again.cfg == model.cfg
     assert torch.equal(again(t), model(t))
     assert again.tokenizer is not None
+    assert again.tokenizer("a b").input_ids == tok("a b").input_ids
+    # transformers reads an unknown config.json for the tokenizer and warns it may be incompatible: not here
+    assert not [m for m in seen if "instantiate a model of type" in m], seen
 
 
 def test_bad_layouts_raise_clear_errors(teacher):
