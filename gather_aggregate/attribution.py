@@ -76,11 +76,13 @@ from gather_aggregate.interventions import Method, group_by_layer, head_outputs,
 from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.readout import ReadoutMetric
 from gather_aggregate.scan import Metric, ScanResult, _check_metric, _prepare, _row
+from gather_aggregate.session import analysis
 
 Estimator = Literal["atp", "atp*", "ig", "atp-softmax", "atp*-softmax"]
 ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
 
 
+@analysis
 def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                      method: Method = "zero", reference: Any = None, *, estimator: Estimator = "ig",
                      steps: int = 4, graddrop: bool = True, verify: int = 0, per_position: bool = True,

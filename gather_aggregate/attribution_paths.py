@@ -16,6 +16,7 @@ from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Replacement
 from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.scan import Metric, _check_metric
+from gather_aggregate.session import gradients
 
 
 def _check_differentiable(value: Any) -> Tensor:
@@ -99,7 +100,7 @@ def path_gradients(model: HookedModel, tokens: Tensor, metric: Metric, targets: 
         return hook
 
     fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in targets] + list(extra_hooks)
-    with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
+    with gradients(), model.hooks(fwd_hooks=fwd):
         logits = model(stacked)
         values = [metric(logits[j * batch:(j + 1) * batch]) for j in range(k)]
         _check_differentiable(values[0])
@@ -129,7 +130,7 @@ def readout_tokens(metric: Any, logits_at: Tensor, n_tokens: int) -> Tensor:
     the clean point: largest ``|∂M/∂logit|`` (for an answer log-prob, the answer and its likeliest rivals; for a
     logit difference, its two tokens)."""
     x = logits_at.detach().clone().requires_grad_(True)
-    with torch.enable_grad():
+    with gradients():
         value = _check_differentiable(metric.at_readout(x))
         (g,) = torch.autograd.grad(value, x)
     return g.abs().topk(min(n_tokens, g.shape[-1]), dim=-1).indices
@@ -162,7 +163,7 @@ def readout_logit_changes(model: HookedModel, tokens: Tensor, metric: Any, targe
 
     fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in targets] + list(extra_hooks)
     extra_grads: list[list[Tensor | None]] = []
-    with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
+    with gradients(), model.hooks(fwd_hooks=fwd):
         logits_at = metric.select(model(tokens))  # [batch, k, vocab]
         extra = extra_inputs() if extra_inputs is not None else []
         toks = readout_tokens(metric, logits_at, n_tokens)  # [batch, k, n]

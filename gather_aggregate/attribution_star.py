@@ -53,6 +53,7 @@ from gather_aggregate.attribution_paths import (
     readout_logit_changes,
 )
 from gather_aggregate.protocol import Head, HookedModel, hook_dict_of
+from gather_aggregate.session import gradients
 
 
 class _Stop(Exception):
@@ -89,7 +90,7 @@ def pattern_vjp(model: HookedModel, layer: int, resid: Tensor, grad_a: Tensor) -
     """``J_{A}(r)ᵀ ∂M/∂A``: the gradient at the layer's input that flows through its pattern alone, so that the
     linear QK term of any residual change ``Δr`` is ``⟨pattern_vjp, Δr⟩`` (one backward for every head)."""
     r = resid.detach().requires_grad_(True)
-    with torch.enable_grad():
+    with gradients():
         a = pattern_from_resid(model, layer, r, grad=True)
         (g,) = torch.autograd.grad((a * grad_a).sum(), [r])
     return g
@@ -187,7 +188,7 @@ def graddrop_terms(model: HookedModel, tokens: Tensor, metric: Callable, targets
     fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in targets]
     for la in range(n):
         fwd += [(model.resid_hook(la), save_pre(la)), (f"blocks.{la}.hook_resid_post", drop(la))]
-    with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
+    with gradients(), model.hooks(fwd_hooks=fwd):
         logits = model(stacked)
         value = torch.stack([metric(logits[j * batch:(j + 1) * batch]) for j in range(n)]).sum()
         grads = torch.autograd.grad(value, [probes[la] for la in targets], allow_unused=True)

@@ -45,12 +45,14 @@ from gather_aggregate.checks import check_model, count
 from gather_aggregate.errors import InputError
 from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.session import analysis
 
 
 def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(examples[i:i + size]) for i in range(0, len(examples), size)]
 
 
+@analysis
 def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
                    batch_size: int = 16, gather_any: bool = False, **pattern_kwargs: Any) -> list[dict[str, Any]]:
     """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head.
@@ -266,6 +268,7 @@ def zscores(values: list[float]) -> list[float]:
 READINGS = ("auto", "summary", "last-1", "last-2")
 
 
+@analysis
 def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, reading: str = "auto",
                   scores: list[dict[str, Any]] | None = None, batch_size: int = 16, max_candidates: int = 64,
                   seed: int = 0, z: float | None = None) -> GAHeads:

@@ -23,6 +23,7 @@ from gather_aggregate.interventions import (
     resample_hooks,
 )
 from gather_aggregate.protocol import Head, HookedModel, LayerKind
+from gather_aggregate.session import analysis
 
 Evaluator = Callable[[Any, Sequence[Any], Any], float]  # (model, examples, hooks or a batch -> hooks factory)
 
@@ -34,6 +35,7 @@ def accuracy_of(model: HookedModel, examples: Sequence[Any], fwd_hooks: list | C
     return float(evaluate(model, examples, fwd_hooks=fwd_hooks, progress=False, **kwargs).accuracy)
 
 
+@analysis
 def evaluate_sets(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], hooks: list,
                   evaluator: Evaluator | None = None) -> dict[str, float]:
     """``{name: evaluator(model, examples, hooks)}`` for every named example set (default: accuracy)."""
@@ -62,6 +64,7 @@ def head_ablation_hooks(model: HookedModel, heads: Sequence[Head], method: Metho
     return ablation_hooks(model, heads, rep)
 
 
+@analysis
 def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: Mapping[str, Sequence[Any]],
                         ks: Sequence[int] = (0, 10, 20, 30), *, method: Method = "zero", reference: Any = None,
                         evaluator: Evaluator | None = None) -> list[dict[str, Any]]:
@@ -84,6 +87,7 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
     return rows
 
 
+@analysis
 def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
                 method: Method = "zero", reference: Any = None, evaluator: Evaluator | None = None,
                 seed: int = 0) -> dict[str, Any]:
@@ -103,6 +107,7 @@ def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[st
     return {"heads": [list(h) for h in heads], "clean": clean, "ablated": ablated}
 
 
+@analysis
 def keep_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str, Sequence[Any]], *,
               kinds: Sequence[LayerKind] | None = None, method: Method = "zero", reference: Any = None,
               evaluator: Evaluator | None = None) -> dict[str, Any]:
@@ -135,6 +140,7 @@ def skip_layer_hooks(model: HookedModel, layers: Sequence[int]) -> list:
     return hooks
 
 
+@analysis
 def layer_pruning(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], *, mode: str = "from_end",
                   evaluator: Evaluator | None = None) -> list[dict[str, Any]]:
     """Layer-pruning curves.

@@ -40,6 +40,7 @@ from torch import Tensor
 from gather_aggregate.checks import HEAD_KINDS, check_model, names
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import Head, HookedModel, LayerKind
+from gather_aggregate.session import analysis
 
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
@@ -116,6 +117,7 @@ def group_by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
+@analysis
 def head_outputs(model: HookedModel, tokens: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
     """Per-head outputs ``[batch, pos, head, d_head]`` of ``layers`` on ``tokens`` (no grad)."""
     names = {model.head_hook(layer)[0]: layer for layer in layers}
@@ -124,6 +126,7 @@ def head_outputs(model: HookedModel, tokens: Tensor, layers: Sequence[int]) -> d
     return {layer: cache[name].detach() for name, layer in names.items()}
 
 
+@analysis
 def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None,
                      *, per_position: bool = True, seed: int = 0, n_pos: int | None = None,
                      inputs: Tensor | None = None) -> Replacement:
@@ -223,6 +226,7 @@ def ablate(model: HookedModel, heads: Sequence[Head], method: Method = "zero", r
         yield model
 
 
+@analysis
 def run_ablated(model: HookedModel, tokens: Tensor, heads: Sequence[Head], method: Method = "zero",
                 reference: Tensor | None = None, *, per_position: bool = True, seed: int = 0) -> Tensor:
     """Logits with ``heads`` ablated (the hooks are gone when it returns)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError, ModelLoadError, TokenizerMissingError, UnsupportedModelError
+from gather_aggregate.session import outside_inference_mode
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 
@@ -308,8 +309,9 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
     _check_options(kwargs)
     tokenizer = _user_tokenizer(tokenizer)
     name_or_path = resolve_source(name_or_path)
-    model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, device_map=device_map,
-                        **kwargs)
+    with outside_inference_mode():  # parameters made under inference_mode would refuse every gradient estimate
+        model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, device_map=device_map,
+                            **kwargs)
     # how to load it again, for workers of a distributed job (gather_aggregate.distributed.model_loader)
     spec = {"device": device, "dtype": dtype, **kwargs, **({} if tokenizer is None else {"tokenizer": tokenizer}),
             **({} if device_map is None else {"device_map": device_map})}
@@ -452,14 +454,16 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
         from gather_aggregate.adapters import load_ssm
 
         extra = {} if head_size is None else {"head_size": head_size}
-        model = load_ssm(hf_model, hf_model.config, **extra)
+        with outside_inference_mode():  # copies of inference tensors made here are normal ones (see load_model)
+            model = load_ssm(hf_model, hf_model.config, **extra)
         model.tokenizer = tokenizer
         return model
     if head_size is not None:  # as load_model: an SSM option on a transformer is a mistake, not a no-op
         raise UnsupportedModelError(f"options ['head_size'] apply only to SSM/hybrid models, not {model_type!r}")
     from gather_aggregate.bridge import BridgeModel
 
-    return BridgeModel.from_hf(hf_model, tokenizer, copy_model=True)
+    with outside_inference_mode():
+        return BridgeModel.from_hf(hf_model, tokenizer, copy_model=True)
 
 
 def _unsupported_message(model_type: Any, archs: list[str]) -> str:

@@ -35,8 +35,10 @@ from gather_aggregate.scan import (
     check_metric_fn,
     default_max_rows,
 )
+from gather_aggregate.session import analysis
 
 
+@analysis
 def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, heads: Sequence[Head] | None = None, *,
                 per_position: bool = False, positions: Sequence[int] | None = None, max_rows: int | None = None,
                 progress: bool = True) -> ScanResult:

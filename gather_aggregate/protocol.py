@@ -42,6 +42,9 @@ from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
 from gather_aggregate.indices import is_index as _is_index
 from gather_aggregate.indices import resolve_rows as resolve_rows  # re-exported: its old home
+from gather_aggregate.session import analysis
+from gather_aggregate.session import count_hooks as count_hooks  # re-exported: their old home
+from gather_aggregate.session import param_checksum as param_checksum
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -275,14 +278,11 @@ class ProtocolMixin:
         return out.to(self.device)
 
     def to_str_tokens(self, tokens: Any) -> list[str]:
-        """The string of each token of a 1-D token sequence (or a text)."""
-        if isinstance(tokens, str):
-            tokens = self.to_tokens(tokens)[0]
-        if hasattr(tokens, "dim") and tokens.dim() == 2:
-            if tokens.shape[0] != 1:
-                raise InputError("to_str_tokens takes one sequence; index the batch first")
-            tokens = tokens[0]
-        return [self.tokenizer.decode([int(t)]) for t in tokens]
+        """The string of each token of one prompt, in any form :meth:`validate_tokens` takes (a text, ids)."""
+        tokens = self.validate_tokens(tokens)
+        if tokens.shape[0] != 1:
+            raise InputError(f"to_str_tokens takes one prompt, got a batch of {tokens.shape[0]}; index it first")
+        return [self.tokenizer.decode([int(t)]) for t in tokens[0]]
 
     @property
     def pad_token_id(self) -> int:
@@ -348,6 +348,7 @@ class ProtocolMixin:
         return None
 
     # ---- patterns ---------------------------------------------------------
+    @analysis
     def pattern(
         self,
         tokens_or_cache: Any,
@@ -439,21 +440,6 @@ def gather_rows(full: Float[Tensor, "batch head query key"], rows: Tensor | None
     return full.gather(2, idx)
 
 
-def param_checksum(model: torch.nn.Module | HookedModel) -> str:
-    """SHA-256 over every parameter and buffer (used to prove analyses never mutate a model)."""
-    import hashlib
-
-    import torch
-
-    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
-    h = hashlib.sha256()
-    for name, t in sorted(list(module.state_dict().items()), key=lambda kv: kv[0]):
-        h.update(name.encode())
-        if isinstance(t, torch.Tensor):
-            h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def hook_dict_of(model: Any) -> dict[str, Any] | None:
     """The model's TransformerLens ``hook_dict`` (its own, or its wrapped ``module``'s); ``None`` without one."""
     names = getattr(model, "hook_dict", None)
@@ -473,25 +459,6 @@ def check_hook_names(model: Any, hooks: Sequence[Any]) -> None:
         if isinstance(item[0], str) and item[0] not in names:
             raise InputError(f"no hook named {item[0]!r} on this model; use its own names, e.g. model.head_hook(layer)"
                              f"[0] or model.resid_hook(layer) ({len(names)} hooks in model.hook_dict)")
-
-
-def count_hooks(model: torch.nn.Module | HookedModel) -> int:
-    """Number of hook functions currently attached to the model's ``HookPoint``s.
-
-    (TransformerLens' bridge keeps internal torch hooks on its components and permanent ones on some hook
-    points as wiring, e.g. OPT's MLP; only the non-permanent hooks of hook points are counted: users and
-    analyses attach those, and the toolkit never adds permanent ones.)
-    """
-    from transformer_lens.hook_points import HookPoint
-
-    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
-    n = 0
-    for m in module.modules():
-        if isinstance(m, HookPoint):
-            n += len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
-            n += len(getattr(m, "_backward_pre_hooks", {}))
-            n -= sum(h.is_permanent for h in (*getattr(m, "fwd_hooks", ()), *getattr(m, "bwd_hooks", ())))
-    return n
 
 
 def device_of(model: torch.nn.Module | HookedModel) -> torch.device:

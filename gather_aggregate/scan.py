@@ -48,6 +48,7 @@ from gather_aggregate.io import read_json, write_table
 from gather_aggregate.protocol import Head, HookedModel, device_of
 from gather_aggregate.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
 from gather_aggregate.readout import ReadoutMetric
+from gather_aggregate.session import analysis, gradients
 
 Metric = Callable[[Tensor], Tensor]
 
@@ -225,6 +226,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 
 # ---- naive: one forward per head ------------------------------------------------------
+@analysis
 def naive_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                progress: bool = False) -> ScanResult:
@@ -253,6 +255,7 @@ def default_max_rows(model: HookedModel) -> int:
     return 256 if device_of(model).type == "cuda" else 32
 
 
+@analysis
 def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                method: Method = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                max_rows: int | None = None, out: str | Path | None = None, resume: bool = False,
@@ -433,6 +436,7 @@ def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # ---- attribution patching --------------------------------------------------------------
+@analysis
 def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
              method: Method = "zero", reference: Any = None, *, per_position: bool = True,
              seed: int = 0) -> ScanResult:
@@ -460,7 +464,7 @@ def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[He
         return hook
 
     fwd = [(model.head_hook(layer)[0], probe_hook(layer)) for layer in by_layer]
-    with torch.enable_grad(), model.hooks(fwd_hooks=fwd):
+    with gradients(), model.hooks(fwd_hooks=fwd):
         value = metric(model(tokens))
         if not isinstance(value, Tensor):
             raise InputError(f"AtP needs the metric to return a tensor computed from the logits (to differentiate "

@@ -31,6 +31,7 @@ import torch
 from gather_aggregate.errors import InputError, TaskError
 from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import HookedModel, check_hook_names, pad_id_of
+from gather_aggregate.session import analysis
 from gather_aggregate.tasks.base import Batch, Example, check_context, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
 
@@ -196,6 +197,7 @@ def _resolve_examples(model: HookedModel, task_or_examples: Any, n: int | None, 
     return check_examples(examples)
 
 
+@analysis
 def evaluate(
     model: HookedModel,
     examples: Any,
@@ -304,6 +306,7 @@ def _results(exs: Sequence[Example], scores: dict[int, list[float]]) -> list[Exa
     return results
 
 
+@analysis
 def score_per_candidate(model: HookedModel, example: Example, *, fwd_hooks: Hooks = ()) -> list[float]:
     """Reference scoring as in the paper's code: one forward per candidate over ``prompt + candidate``.
 

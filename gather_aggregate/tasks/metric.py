@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import pad_id_of
+from gather_aggregate.session import outside_inference_mode
 from gather_aggregate.tasks.base import Example, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
 
@@ -41,12 +42,14 @@ def task_metric(model: HookedModel, examples: Sequence[Example],
 
     if kind not in ("logprob", "logit_diff"):
         raise InputError(f"metric kind must be 'logprob' or 'logit_diff', got {kind!r}")
-    batch = collate(list(examples), pad_id_of(model.tokenizer), device=model.device)
     fn = correct_logprob if kind == "logprob" else logit_diff
-    at_query = dataclasses.replace(batch, query_pos=torch.zeros_like(batch.query_pos))  # logits already taken there
+    with outside_inference_mode():  # tensors the metric closes over must serve a later gradient estimate
+        batch = collate(list(examples), pad_id_of(model.tokenizer), device=model.device)
+        at_query = dataclasses.replace(batch, query_pos=torch.zeros_like(batch.query_pos))  # logits taken there
+        positions = batch.query_pos[:, None]
 
     def per_prompt(logits_at: Any) -> Any:
         return fn(logits_at, at_query)
 
     per_prompt.__qualname__ = f"task_metric.{kind}"
-    return batch.tokens, ReadoutMetric.mean_of(per_prompt, batch.query_pos[:, None])
+    return batch.tokens, ReadoutMetric.mean_of(per_prompt, positions)

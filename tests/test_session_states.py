@@ -1,0 +1,198 @@
+"""The states a Jupyter user's model and session are really in when they call the public API.
+
+Earlier rounds checked bad *arguments* (test_bad_input, test_argument_types, test_crash_safety,
+test_device_handling); these check *states*: ``torch.no_grad()`` / ``torch.inference_mode()``, a model left in
+``.train()`` with dropout, frozen parameters and a user's own ``.grad``, a user's own hooks, a
+``KeyboardInterrupt`` from inside a hook mid-scan, prompts in every form, and results paths that cannot be
+written.  The rules are in :mod:`gather_aggregate.session` and :func:`gather_aggregate.io.check_output_file`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gather_aggregate.errors import InputError
+from gather_aggregate.session import count_hooks, param_checksum
+
+MODELS = ["llama-kv", "mamba2-ga", "bamba-ga", "mamba1"]  # bridge transformer, Mamba-2, hybrid, Mamba-1
+HEADS = [(0, 0), (0, 1), (1, 0)]
+
+
+def _zoo(name):
+    from gather_aggregate.zoo import list_zoo
+
+    path = list_zoo().get(name)
+    if path is None:
+        pytest.skip("the toy zoo is not shipped")
+    return path
+
+
+@pytest.fixture(scope="module")
+def worlds():
+    """name -> (model, tokens, metric): the metric a ReadoutMetric of the zoo's KV task, or a plain function."""
+    from gather_aggregate import load_model
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.tasks import task_metric
+    from gather_aggregate.tasks.registry import get_task
+
+    out = {}
+    for name in MODELS[:3]:
+        model = load_model(_zoo(name))
+        examples = get_task("kv", model_dir=_zoo(name), n_pairs=4).examples(model.tokenizer, n=3, seed=0)
+        out[name] = (model, *task_metric(model, examples))
+    model = from_hf_model(tiny_hf_ssm("mamba", n_layer=2), head_size=4)
+    out["mamba1"] = (model, torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0)), _metric)
+    return out
+
+
+def _metric(logits):
+    return logits[:, -1].float().log_softmax(-1)[:, 1].mean()
+
+
+def _estimators(metric):
+    from gather_aggregate.readout import ReadoutMetric
+
+    return ["atp", "ig", "atp*"] + (["atp-softmax", "atp*-softmax"] if isinstance(metric, ReadoutMetric) else [])
+
+
+def _scores(result):
+    return [(r["layer"], r["head"], r["score"]) for r in result.rows]
+
+
+def _estimates(model, tokens, metric):
+    from gather_aggregate.attribution import attribution_scan
+    from gather_aggregate.scan import atp_scan
+
+    out = {e: _scores(attribution_scan(model, tokens, metric, heads=HEADS, estimator=e, steps=2))
+           for e in _estimators(metric)}
+    out["atp_scan"] = _scores(atp_scan(model, tokens, metric, heads=HEADS))
+    return out
+
+
+# ---- no_grad / inference_mode --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", MODELS)
+def test_gradient_estimators_work_under_no_grad_and_inference_mode(worlds, name):
+    """Under inference_mode every gradient estimator said "the metric is not differentiable ... not accuracy"
+    (a wrong diagnosis); now each re-enables autograd for its own forwards and gives the same numbers."""
+    from gather_aggregate.scan import exact_scan
+
+    model, tokens, metric = worlds[name]
+    want = _estimates(model, tokens, metric)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            assert _estimates(model, tokens, metric) == want, mode.__name__
+            exact = exact_scan(model, tokens, metric, heads=HEADS, progress=False)
+            pattern = model.pattern(tokens, 0, rows=-1)
+        assert not pattern.is_inference() and not torch.is_inference_mode_enabled()
+        assert _scores(exact) == _scores(exact_scan(model, tokens, metric, heads=HEADS, progress=False))
+    assert _estimates(model, tokens, metric) == want  # nothing poisoned for later calls
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("name", ["llama-kv", "mamba2-ga"])
+def test_a_model_and_metric_made_under_inference_mode_serve_a_later_gradient_estimate(worlds, name):
+    """load_model and task_metric run under inference_mode made inference tensors (the SSMs' parameters, the
+    metric's query positions) that a later gradient estimate could not save for backward (a raw RuntimeError)."""
+    from gather_aggregate import load_model
+    from gather_aggregate.attribution import attribution_scan
+    from gather_aggregate.tasks import task_metric
+    from gather_aggregate.tasks.registry import get_task
+
+    model, tokens, metric = worlds[name]
+    want = _scores(attribution_scan(model, tokens, metric, heads=HEADS, steps=2))
+    examples = get_task("kv", model_dir=_zoo(name), n_pairs=4).examples(model.tokenizer, n=3, seed=0)
+    with torch.inference_mode():
+        loaded = load_model(_zoo(name))
+        toks_inf, metric_inf = task_metric(model, examples)
+    assert not any(p.is_inference() for p in getattr(loaded, "module", loaded).parameters())
+    assert _scores(attribution_scan(loaded, tokens, metric, heads=HEADS, steps=2)) == want
+    assert _scores(attribution_scan(model, toks_inf, metric_inf, heads=HEADS, steps=2)) == want
+    # a metric of the user's own that closes over an inference tensor: one of our errors naming the fix
+    with torch.inference_mode():
+        answer = torch.tensor([1])
+
+    def own_metric(logits):
+        return logits[:, -1].log_softmax(-1).index_select(-1, answer).mean()
+
+    with pytest.raises(InputError, match="inference_mode"):
+        attribution_scan(model, tokens, own_metric, heads=HEADS, estimator="atp")
+
+
+# ---- train mode with dropout ---------------------------------------------------------------------------------
+def _flags(model):
+    root = getattr(model, "module", model)
+    owners = [root, *(v for v in vars(root).values() if isinstance(v, torch.nn.Module))]  # the bridge's HF model
+    return [m.training for owner in owners for m in owner.modules()]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_train_mode_with_dropout_gives_eval_results_and_leaves_every_flag_as_it_was(family):
+    """A bridge model left in .train() with dropout ran every analysis with dropout: each call gave other numbers.
+    Now analyses run in eval mode and put each module's flag back, after errors and interrupts too."""
+    from gather_aggregate import attribution, interventions, patching, scan
+    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.testing import tiny_gpt2, tiny_llama
+
+    hf, tok = tiny_gpt2(resid_pdrop=0.5, attn_pdrop=0.5, embd_pdrop=0.5) if family == "gpt2" else \
+        tiny_llama(attention_dropout=0.5)
+    model = from_hf_model(hf, tok)
+    tokens, corrupted = torch.randint(3, 40, (2, 2, 6), generator=torch.Generator().manual_seed(0))
+    heads = [(0, 0), (1, 1)]
+    calls = {
+        "exact": lambda: _scores(scan.exact_scan(model, tokens, _metric, heads=heads, progress=False)),
+        "naive": lambda: _scores(scan.naive_scan(model, tokens, _metric, heads=heads)),
+        "ig": lambda: _scores(attribution.attribution_scan(model, tokens, _metric, heads=heads, steps=2)),
+        "atp*": lambda: _scores(attribution.attribution_scan(model, tokens, _metric, heads=heads, estimator="atp*")),
+        "patch": lambda: _scores(patching.patch_heads(model, tokens, corrupted, _metric, heads=heads,
+                                                      progress=False)),
+        "ablated": lambda: interventions.run_ablated(model, tokens, heads).tolist(),
+        "pattern": lambda: model.pattern(tokens, 1).tolist(),
+    }
+    want = {k: f() for k, f in calls.items()}  # eval mode, as loaded
+    model.train()
+    list(model.module.original_model.modules())[5].eval()  # a mixed state, which must come back exactly
+    before = _flags(model)
+    assert any(before) and not all(before)
+    assert not torch.equal(model(tokens), model(tokens))  # the model's own forward does follow train mode
+    for k, f in calls.items():
+        assert f() == want[k], k
+        assert _flags(model) == before, k
+
+    def interrupted(logits):
+        raise KeyboardInterrupt
+
+    for bad, exc in ((lambda logits: 1 / 0, ZeroDivisionError), (interrupted, KeyboardInterrupt)):
+        with pytest.raises(exc):
+            scan.exact_scan(model, tokens, bad, heads=heads, progress=False)
+        with pytest.raises(exc):
+            attribution.attribution_scan(model, tokens, bad, heads=heads)
+        assert _flags(model) == before and count_hooks(model) == 0
+
+
+# ---- frozen parameters, the user's own .grad ------------------------------------------------------------------
+@pytest.mark.parametrize("name", MODELS)
+def test_gradient_estimators_leave_frozen_flags_and_the_users_grad_alone(worlds, name):
+    model, tokens, metric = worlds[name]
+    params = list(getattr(model, "module", model).parameters())
+    flags = [p.requires_grad for p in params]
+    want = _estimates(model, tokens, metric)
+    try:
+        model(tokens).float().logsumexp(-1).sum().backward()  # the user's own backward
+        grads = [None if p.grad is None else p.grad.clone() for p in params]
+        assert any(g is not None for g in grads)
+        assert _estimates(model, tokens, metric) == want
+        assert all(g is None and p.grad is None or torch.equal(g, p.grad) for g, p in zip(grads, params, strict=True))
+        for p in params:
+            p.grad = None
+            p.requires_grad_(False)
+        assert _estimates(model, tokens, metric) == want
+        assert all(p.grad is None and not p.requires_grad for p in params)
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.grad = None
+            p.requires_grad_(flag)
