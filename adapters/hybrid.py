@@ -43,13 +43,13 @@ from typing import Any
 
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import Attention, GatedMLP, SparseMoE
 from gather_aggregate.adapters.hybrid_config import HybridConfig
 from gather_aggregate.adapters.mixers import MLPAfterMixer, RMSNorm, SSMMixer, make_mixer
 from gather_aggregate.adapters.model import HookedSSM
+from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import LayerInfo, gather_rows, resolve_rows
 
@@ -164,7 +164,7 @@ class HookedHybrid(HookedSSM):
         if info.kind == "ssm":
             return super()._pattern(tokens_or_cache, info, heads, rows, **kwargs)
         name = f"blocks.{info.index}.attn.hook_pattern"
-        if isinstance(tokens_or_cache, (ActivationCache, dict)):
+        if is_cache(tokens_or_cache):
             if name not in tokens_or_cache:
                 raise InputError(f"the cache lacks {name!r}; run model.run_with_cache(tokens, names_filter="
                                  f"[{name!r}]) or pass the tokens instead")

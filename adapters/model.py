@@ -29,6 +29,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make_mixer
 from gather_aggregate.adapters.placement import refuse_split
+from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, NonFiniteError
 from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, device_of, resolve_rows
@@ -273,7 +274,7 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
         L = info.index
         names = [f"blocks.{L}.ssm.hook_{n}" for n in ("dt", "B", "C")]
-        if isinstance(tokens_or_cache, (ActivationCache, dict)):
+        if is_cache(tokens_or_cache):
             missing = [n for n in names if n not in tokens_or_cache]
             if missing:
                 raise InputError(

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, UnsupportedModelError
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, gather_rows, resolve_rows
 
@@ -392,7 +393,7 @@ class BridgeModel(ProtocolMixin):
 
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
         name = f"blocks.{info.index}.attn.hook_pattern"
-        if isinstance(tokens_or_cache, Tensor) or isinstance(tokens_or_cache, (str, list, tuple)):
+        if not is_cache(tokens_or_cache):  # token ids in any form (numpy arrays were taken for a cache) or text
             tokens = self.validate_tokens(tokens_or_cache)
             with torch.no_grad():
                 _, cache = self.module.run_with_cache(tokens, names_filter=[name], stop_at_layer=info.index + 1)
@@ -401,9 +402,6 @@ class BridgeModel(ProtocolMixin):
                                             "weights); load the model with attn_implementation='eager'")
         else:
             cache = tokens_or_cache
-            if not hasattr(cache, "__getitem__") or isinstance(cache, (int, float)):
-                raise InputError(f"pattern takes tokens, text or a cache from run_with_cache, got "
-                                 f"{type(cache).__name__}")
             if name not in cache:
                 raise InputError(f"the cache has no {name!r}; run run_with_cache without a names_filter "
                                  "that drops it, or pass tokens")

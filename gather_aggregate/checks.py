@@ -73,3 +73,12 @@ def token_tensor(tokens: Any) -> Any:
     except (TypeError, ValueError, RuntimeError):
         raise InputError(f"tokens must be token ids (a [batch, pos] integer tensor or lists of ints) or text, got "
                          f"{type(tokens).__name__}") from None
+
+
+def is_cache(x: Any) -> bool:
+    """Whether ``x`` is a cache of activations (an ``ActivationCache`` or a dict of them) rather than a prompt:
+    the one test every ``pattern(tokens_or_cache, ...)`` uses, so token ids in any form (a tensor, lists, a numpy
+    array) and text are never taken for a cache."""
+    from collections.abc import Mapping
+
+    return isinstance(x, Mapping) or hasattr(x, "cache_dict")

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from gather_aggregate.checks import HEAD_KINDS, names, token_tensor
+from gather_aggregate.checks import HEAD_KINDS, is_cache, names, token_tensor
 from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
 from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
@@ -408,9 +408,7 @@ class ProtocolMixin:
         raise NotImplementedError  # pragma: no cover
 
     def _seq_len_of(self, tokens_or_cache: Any) -> int:
-        from transformer_lens.ActivationCache import ActivationCache
-
-        if isinstance(tokens_or_cache, ActivationCache) or isinstance(tokens_or_cache, dict):
+        if is_cache(tokens_or_cache):
             key = next(iter(tokens_or_cache.keys()))
             return int(tokens_or_cache[key].shape[1])
         return int(self.validate_tokens(tokens_or_cache).shape[1])

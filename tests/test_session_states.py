@@ -196,3 +196,21 @@ def test_gradient_estimators_leave_frozen_flags_and_the_users_grad_alone(worlds,
         for p, flag in zip(params, flags, strict=True):
             p.grad = None
             p.requires_grad_(flag)
+
+
+# ---- prompts in every form -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", MODELS[:3])
+def test_pattern_and_to_str_tokens_take_a_prompt_in_every_form(worlds, name):
+    """A numpy array was taken for a cache by the bridge's pattern ("the cache has no ..."), and to_str_tokens
+    raised raw ValueError/TypeError on a list of one text, a 2-D numpy array and a list of lists."""
+    model = worlds[name][0]
+    ids2 = model.to_tokens("a:b\nc:d\n")
+    ids = ids2[0].tolist()
+    forms = ["a:b\nc:d\n", ["a:b\nc:d\n"], ids, [ids], tuple(ids), torch.tensor(ids), ids2, ids2.int(),
+             np.array(ids), ids2.numpy(), ids2.numpy().astype(np.int32)]
+    want_pattern, want_str = model.pattern(ids2, 0), model.to_str_tokens(ids2)
+    for form in forms:
+        assert torch.equal(model.pattern(form, 0), want_pattern), type(form)
+        assert model.to_str_tokens(form) == want_str, type(form)
+    with pytest.raises(InputError, match="one prompt"):
+        model.to_str_tokens(["a:b\n", "c:d\n"])

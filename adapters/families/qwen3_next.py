@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.attention import (
@@ -42,6 +41,7 @@ from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, attention_dims, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.streaming import TensorSource
+from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import LayerInfo, resolve_rows
 
@@ -186,7 +186,7 @@ class HookedQwen3Next(HookedHybrid):
             raise InputError(f"options {bad} do not apply to gated-DeltaNet layers (only max_bytes does)")
         L = info.index
         names = [f"blocks.{L}.ssm.hook_{n}" for n in ("q", "k", "g", "beta")]
-        if isinstance(tokens_or_cache, (ActivationCache, dict)):
+        if is_cache(tokens_or_cache):
             missing = [n for n in names if n not in tokens_or_cache]
             if missing:
                 raise InputError(f"the cache lacks {missing}; run model.run_with_cache(tokens, names_filter=lambda n: "

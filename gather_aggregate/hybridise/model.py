@@ -30,6 +30,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
 from gather_aggregate.hybridise.config import MODEL_TYPE, HeadHybridConfig
 from gather_aggregate.hybridise.layers import HeadHybridBlock, _model_parts
@@ -132,7 +133,7 @@ class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
                              "attention heads")
         names = ([f"blocks.{L}.attn.hook_pattern"] if want_attn else []) + \
             ([f"blocks.{L}.attn.ssm.hook_{n}" for n in ("dt", "B", "C")] if want_ssm else [])
-        if isinstance(tokens_or_cache, (ActivationCache, dict)):
+        if is_cache(tokens_or_cache):
             missing = [n for n in names if n not in tokens_or_cache]
             if missing:
                 raise InputError(f"the cache lacks {missing}; run model.run_with_cache(tokens, names_filter=lambda n: "
