@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import ClusterUnreachableError, InputError, ResumeMismatchError
-from gather_aggregate.io import write_table
+from gather_aggregate.io import check_output_file, write_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.protocol import HookedModel
@@ -164,6 +164,8 @@ def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards
     """
     if num_workers < 1:
         raise InputError(f"num_workers must be at least 1, got {num_workers}")
+    if out is not None:  # before any worker starts
+        check_output_file(out, twin=True)
     meta = dict(meta or {})
     keys = [key(s) for s in shards]
     if len(set(keys)) != len(keys):

@@ -25,21 +25,40 @@ def _umask() -> int:
     return mask
 
 
+def _file_above(path: Path) -> Path | None:
+    """The first existing non-directory among ``path``'s parents (where a directory must be), if any."""
+    return next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+
+
+def check_output_file(path: str | os.PathLike[str], *, twin: bool = False) -> Path:
+    """Refuse, before any work and without touching the disk, a results file that cannot be written: ``path`` is a
+    directory, or lies under a regular file.  ``twin=True`` (a JSON table with a CSV twin, :func:`write_table`)
+    also refuses a ``.csv`` path, whose twin would be the file itself.  Each is one :class:`InputError` naming the
+    fix; the one home of these rules, for :func:`atomic_write`, :func:`write_table` and a scan's ``out=``."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"cannot write {str(path)!r}: it is a directory; pass a file path in it, e.g. "
+                         f"{str(path / ('scan.json' if twin else 'results.json'))!r}")
+    file = _file_above(path)
+    if file is not None:
+        raise InputError(f"cannot write {str(path)!r} ({str(file)!r} is a file, not a directory); choose a "
+                         "writable output directory (e.g. --out /tmp/ga_out)")
+    if twin and path.suffix.lower() == ".csv":
+        raise InputError(f"cannot write the table to {str(path)!r}: it is written as JSON with its CSV twin beside "
+                         f"it, so pass the .json path, e.g. {str(path.with_suffix('.json'))!r}")
+    return path
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> Path:
     """Let ``write(tmp)`` fill a temporary file next to ``path``, then ``os.replace`` it into place (also for
     binary writers: ``torch.save``, safetensors).  The file gets the permissions a plain ``open`` would give it
     (``mkstemp`` makes 0600; results are meant to be shared); on an error the temporary file is removed."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"cannot write {str(path)!r}: it is a directory; pass a file path in it, e.g. "
-                         f"{str(path / 'scan.json')!r}")
+    path = check_output_file(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        file = next((p for p in path.parents if p.is_file()), None)  # mkdir says "File exists" for it
-        why = f"{str(file)!r} is a file, not a directory" if file else exc.strerror or exc
-        raise InputError(f"cannot write {str(path)!r} ({why}); choose a writable output "
+        raise InputError(f"cannot write {str(path)!r} ({exc.strerror or exc}); choose a writable output "
                          "directory (e.g. --out /tmp/ga_out)") from None
     os.close(fd)
     try:
@@ -98,9 +117,9 @@ def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], me
     moment (SIGKILL included) leaves a JSON that parses and either no CSV or a
     CSV with exactly the JSON's rows; the JSON is the one a resumed run reads.
     """
-    path = Path(path)
+    path = check_output_file(path, twin=True)  # before the twin goes: a directory's "<dir>.csv" is not ours
     twin = path.with_suffix(".csv")
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # a parent that is a file: atomic_write says so
+    with contextlib.suppress(FileNotFoundError):
         twin.unlink()
     atomic_write_json(path, {"meta": meta or {}, "rows": list(rows)})
     atomic_write_text(twin, rows_to_csv(rows))
@@ -136,6 +155,10 @@ def read_json(path: Path, error: type[Exception], missing: str, invalid: str) ->
 def out_dir(out: str | os.PathLike[str] | None, default: str) -> Path:
     """The output directory ``out`` (or ``default``), created and checked writable; a clear error if it is not."""
     path = Path(out or default)
+    file = path if path.exists() and not path.is_dir() else _file_above(path)
+    if file is not None:
+        raise InputError(f"cannot write to output directory {str(path)!r} ({str(file)!r} is a file, not a "
+                         "directory); pass --out with a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".ga_write_test"

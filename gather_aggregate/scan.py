@@ -44,7 +44,7 @@ from gather_aggregate.checks import HEAD_KINDS, check_model, count, names, numbe
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
 from gather_aggregate.indices import HEAD_NAME, as_index
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
-from gather_aggregate.io import read_json, write_table
+from gather_aggregate.io import check_output_file, read_json, write_table
 from gather_aggregate.protocol import Head, HookedModel, device_of
 from gather_aggregate.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
 from gather_aggregate.readout import ReadoutMetric
@@ -278,6 +278,8 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         raise InputError("resume=True needs out=PATH, the table an interrupted scan wrote")
     if out is not None and not isinstance(out, (str, Path)):
         raise InputError(f"out must be a file path (str or Path) for the scan table, got {type(out).__name__}")
+    if out is not None:  # before any forward: not after the first chunk's work
+        check_output_file(out, twin=True)
     if ray_address is not None and not isinstance(ray_address, str):
         raise InputError(f"ray_address must be 'auto' or 'host:port', got {type(ray_address).__name__}")
     if max_rows is not None and (as_index(max_rows, "max_rows") < 1):

@@ -214,3 +214,41 @@ def test_pattern_and_to_str_tokens_take_a_prompt_in_every_form(worlds, name):
         assert model.to_str_tokens(form) == want_str, type(form)
     with pytest.raises(InputError, match="one prompt"):
         model.to_str_tokens(["a:b\n", "c:d\n"])
+
+
+# ---- results files that cannot be written -------------------------------------------------------------------
+def test_results_paths_that_cannot_be_written_are_refused_before_any_work(worlds, tmp_path):
+    """A directory given as a scan's out deleted a sibling '<dir>.csv' (the twin) before refusing; a '.csv' out
+    had its JSON overwritten by its own CSV twin (the resume then failed); a bad out was found only after the
+    first chunk's forwards; an --out that is a file said "File exists"; FactWorld.save wrote in place and raised
+    raw OSErrors."""
+    from gather_aggregate.io import out_dir, write_table
+    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.tasks.facts import FactWorld
+
+    model, tokens, _ = worlds["llama-kv"]
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results.csv").write_text("the user's own file")
+    forwards = []
+
+    def counting(logits):
+        forwards.append(1)
+        return _metric(logits)
+
+    cases = {tmp_path / "file" / "scan.json": "is a file, not a directory",
+             tmp_path / "file" / "deeper" / "scan.json": "is a file, not a directory",
+             tmp_path / "results": "is a directory", tmp_path / "scan.csv": "pass the .json path"}
+    before = sorted(tmp_path.rglob("*"))
+    for path, needle in cases.items():
+        with pytest.raises(InputError, match=needle):
+            exact_scan(model, tokens, counting, out=path, progress=False)
+        with pytest.raises(InputError, match=needle):
+            write_table([{"a": 1}], path)
+    assert not forwards and sorted(tmp_path.rglob("*")) == before
+    assert (tmp_path / "results.csv").read_text() == "the user's own file"
+    with pytest.raises(InputError, match="file' is a file, not a directory\); pass --out with a directory"):
+        out_dir(tmp_path / "file", "x")
+    with pytest.raises(InputError, match="is a file, not a directory"):
+        FactWorld.random(n_entities=4, n_attributes=2).save(tmp_path / "file" / "facts.json")
+    assert sorted(tmp_path.rglob("*")) == before

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gather_aggregate.errors import TaskError
-from gather_aggregate.io import read_json
+from gather_aggregate.io import atomic_write_text, read_json
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 
 FactFormat = Literal["letter", "content", "knowledge"]
@@ -130,8 +130,7 @@ class FactWorld:
         p = Path(path)
         if p.is_dir():
             p = p / "facts.json"
-        p.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-        return p
+        return atomic_write_text(p, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def random(cls, n_entities: int = 64, n_attributes: int = 8, *, relation: str = "color",
