@@ -174,6 +174,24 @@ def test_train_mode_with_dropout_gives_eval_results_and_leaves_every_flag_as_it_
         assert _flags(model) == before and count_hooks(model) == 0
 
 
+def test_the_lm_eval_model_scores_a_model_left_in_train_mode_as_in_eval_mode():
+    """GatherAggregateLM (lm-evaluation-harness) ran a model left in .train() with dropout: its log-likelihoods
+    changed from call to call.  Now its forwards run in eval mode, and the flags come back."""
+    pytest.importorskip("lm_eval", reason="needs the lmeval extra")
+    from gather_aggregate.lm_eval.model import GatherAggregateLM
+    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.testing import tiny_gpt2
+
+    model = from_hf_model(*tiny_gpt2(resid_pdrop=0.5, attn_pdrop=0.5, embd_pdrop=0.5))
+    lm = GatherAggregateLM(model=model)
+    rows = [[3, 4, 5, 6], [7, 8, 9, 10]]
+    want = lm._logits(rows)
+    model.train()
+    before = _flags(model)
+    assert torch.equal(lm._logits(rows), want) and torch.equal(lm._logits(rows), want)
+    assert _flags(model) == before and all(before)
+
+
 # ---- frozen parameters, the user's own .grad ------------------------------------------------------------------
 @pytest.mark.parametrize("name", MODELS)
 def test_gradient_estimators_leave_frozen_flags_and_the_users_grad_alone(worlds, name):

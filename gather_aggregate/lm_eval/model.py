@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.lm_eval.intervention import Intervention
+from gather_aggregate.session import eval_mode
 from gather_aggregate.zoo import resolve_model_path
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -169,7 +170,7 @@ class GatherAggregateLM(TemplateLM):
         for i, r in enumerate(rows):
             tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         t0 = time.perf_counter()
-        with torch.no_grad(), self.model.hooks(fwd_hooks=list(self._hooks)):
+        with torch.no_grad(), eval_mode(self.model), self.model.hooks(fwd_hooks=list(self._hooks)):
             out = self.model(tokens.to(self.model.device))
         out = getattr(out, "logits", out)
         self.forward_seconds += time.perf_counter() - t0
