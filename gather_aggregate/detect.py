@@ -265,7 +265,8 @@ def zscores(values: list[float]) -> list[float]:
     return [0.0 if sd == 0 else (v - mean) / sd for v in finite]
 
 
-READINGS = ("auto", "summary", "last-1", "last-2")
+#: the usual values of ``reading`` (``"last-K"`` and ``"first+K"`` take any ``K >= 1``)
+READINGS = ("auto", "summary", "last", "last-1", "last-2")
 
 
 @analysis
@@ -283,6 +284,7 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     (``ablation_drop`` and the z-scores ``z_gather``/``z_aggregate``/``z_ablation``, for ranking by eye).  ``z`` is
     accepted for compatibility and unused.
     """
+    from gather_aggregate.detect_evidence import parse_read
     from gather_aggregate.detect_rules import decide
     from gather_aggregate.tasks.base import check_examples
     from gather_aggregate.tasks.fit import check_fits
@@ -296,8 +298,8 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
                          f"{type(scores).__name__}")
     if reading == "segment":  # the earlier name of the value-token reading
         reading = "last-1"
-    if reading not in READINGS:
-        raise InputError(f"reading must be one of {', '.join(READINGS)}, got {reading!r}")
+    if reading != "auto":
+        parse_read(reading)
     if scan is not None and not callable(getattr(scan, "scores", None)):
         raise InputError(f"scan must be a ScanResult (e.g. exact_scan(...) or ScanResult.load(path)), got "
                          f"{type(scan).__name__}")

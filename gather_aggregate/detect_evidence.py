@@ -8,10 +8,18 @@ on a 4-head transformer, a 32-head one and an SSM.
 ``r``; an Aggregate head later reads the segment there.  ``read`` names it:
 
 * ``"summary"``: the token the task declares as each segment's summary (``Segment.summary``; for the shipped
-  tasks the segment's last token, e.g. the ``\\n`` of ``k:v\\n``);
-* ``"last-1"``, ``"last-2"``: one or two tokens before the segment's last token (the value ``v`` of ``k:v\\n``);
-* ``"auto"`` (:func:`choose_read`): where the Aggregate candidates' query rows put the most mass inside the
-  correct segment (the token the model itself reads), else where a Gather pattern is strongest.
+  tasks the segment's last token, e.g. the ``\\n`` of ``k:v\\n``; a task may declare another, see
+  ``PromptSpec.summaries``);
+* ``"last"``, ``"last-K"``: the segment's last token, or ``K`` tokens before it (``"last-1"``: the value ``v`` of
+  ``k:v\\n``), whatever the task declares as the summary;
+* ``"first+K"``: ``K`` tokens after the segment's first token (``K >= 1``), for segments of unequal lengths read
+  at a fixed place from their start;
+* ``"auto"`` (:func:`choose_read`): the read position, among all of the above that fit the segments, on whose
+  token of the correct segment the Aggregate candidates' query rows put the most mass (the token the model itself
+  reads), else the one of ``summary``/``last-1``/``last-2`` where a Gather pattern is strongest.
+
+A segment can only be read at a token with at least one of its own tokens before it (a causal model can gather
+nothing into a segment's first token); a read position that no segment admits is refused (:func:`check_readable`).
 
 **Gather mass** of a head at read position ``r`` of segment ``[start, end)``: the mass row ``r`` puts on the
 segment's own earlier tokens ``[start, r)``.  ``gather_uniform`` is what a uniform causal row puts there,
@@ -37,6 +45,7 @@ copies the chosen read's values to ``gather_mass`` and ``gather_lift``.)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +56,6 @@ from gather_aggregate.errors import InputError
 from gather_aggregate.protocol import HookedModel
 
 READS = ("summary", "last-1", "last-2")
-READ_CHOICES = (*READS, "auto")
 
 #: a head is a Gather *pattern candidate* when its read row puts at least this many times the uniform row's mass
 #: on its own segment's earlier tokens, and at least GATHER_MIN_MASS of its row
@@ -63,22 +71,78 @@ AGGREGATE_MIN_LIFT = 2.0
 AGGREGATE_MIN_SELECTIVITY = 2.0
 
 
+def parse_read(read: Any) -> tuple[str, int]:
+    """``(anchor, offset)`` of a read position's name: ``"summary"`` -> ``("summary", 0)``, ``"last"`` / ``"last-K"``
+    -> ``("last", K)``, ``"first+K"`` -> ``("first", K)`` with ``K >= 1``; anything else is an :class:`InputError`."""
+    if isinstance(read, str):
+        if read == "summary":
+            return "summary", 0
+        if read == "last":
+            return "last", 0
+        m = re.fullmatch(r"(last)-(\d+)|(first)\+(\d+)", read)
+        if m and m.group(1) and int(m.group(2)) >= 1:
+            return "last", int(m.group(2))
+        if m and m.group(3) and int(m.group(4)) >= 1:
+            return "first", int(m.group(4))
+    raise InputError(f"reading must be 'auto', 'summary', 'last', 'last-K' or 'first+K' (K >= 1, e.g. 'last-1'), "
+                     f"got {read!r}")
+
+
+def read_name(anchor: str, offset: int) -> str:
+    """The name :func:`parse_read` reads back: ``("last", 0)`` -> ``"last"``, ``("last", 2)`` -> ``"last-2"``."""
+    if anchor == "summary":
+        return "summary"
+    if anchor == "last":
+        return "last" if offset == 0 else f"last-{offset}"
+    return f"first+{offset}"
+
+
 def read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
     """Per segment ``[b, seg]``: the read position for ``read`` and whether that segment can be read there (real
     segment, position inside it, at least one own token before it)."""
-    if read == "summary":
+    anchor, off = parse_read(read)
+    if anchor == "summary":
         r = batch.seg_summary.clone()
+    elif anchor == "last":
+        r = batch.seg_end - 1 - off
     else:
-        r = batch.seg_end - 1 - int(read.split("-")[1])
+        r = batch.seg_start + off
     ok = batch.seg_mask & (r > batch.seg_start) & (r < batch.seg_end)
     return torch.where(ok, r, batch.query_pos[:, None]), ok
 
 
+def candidate_reads(examples: Sequence[Any]) -> list[str]:
+    """Every read position ``auto`` weighs, in order of preference on a tie: ``summary``, then ``last``,
+    ``last-1``, ... and ``first+1``, ``first+2``, ... up to the longest segment (``last`` only where some segment's
+    declared summary is not its last token: otherwise it is ``summary``)."""
+    longest = max((len(s) for e in examples for s in e.segments), default=1)
+    moved = any(s.summary != s.end - 1 for e in examples for s in e.segments)
+    return (["summary"] + (["last"] if moved else []) + [f"last-{k}" for k in range(1, longest)]
+            + [f"first+{k}" for k in range(1, longest)])
+
+
+def check_readable(examples: Sequence[Any], read: str) -> None:
+    """Refuse a read position at which no segment of ``examples`` can be read (no own token before it)."""
+    for e in examples:
+        for s in e.segments:
+            anchor, off = parse_read(read)
+            r = s.summary if anchor == "summary" else s.end - 1 - off if anchor == "last" else s.start + off
+            if s.start < r < s.end:
+                return
+    if read == "summary":
+        raise InputError("reading='summary': every segment's summary is its first token, so nothing of the segment "
+                         "comes before it to be gathered there (the model is causal); declare the summary at the "
+                         "segment's last token (the default) or pass reading='auto'")
+    raise InputError(f"reading={read!r}: no segment has a token there with one of its own tokens before it; pass "
+                     "reading='auto' or a read position inside the segments (e.g. 'last')")
+
+
 def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size: int = 16,
-                     reads: Sequence[str] = READS) -> dict[str, Any]:
+                     reads: Sequence[str] = READS, profile: Sequence[str] | None = None) -> dict[str, Any]:
     """Per head (``(layer, head)`` → dict) the masses of the module docstring at every read position in ``reads``,
-    plus ``read_profile``: per offset from the segment's end (0 = last token), each head's mean query-row mass on
-    that token of the correct segment (how :func:`choose_read` finds where the model reads)."""
+    plus ``read_profile``: per read position of ``profile`` (default :func:`candidate_reads`), each head's query-row
+    mass on that token of the correct segment, averaged over the prompts (0 where the correct segment cannot be
+    read there): how :func:`choose_read` finds where the model reads."""
     from gather_aggregate.protocol import pad_id_of
     from gather_aggregate.tasks.base import collate
 
@@ -86,12 +150,15 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
     if not examples:
         raise InputError("no examples: build the task with n >= 1")
     if not any(e.correct >= 0 and len(e.segments) >= 2 for e in examples):
-        raise InputError("the examples have no correct segment among two or more; Gather/Aggregate detection needs "
-                         "a retrieval task with segments (KV-retrieval, multiple choice), not a plain query")
+        raise InputError("no example has a correct segment among two or more segments; Gather/Aggregate detection "
+                         "compares the correct segment with the others: give each prompt two or more segments "
+                         "(KV-retrieval, multiple choice) and its correct one, not a plain query")
+    for read in reads:
+        parse_read(read)
+    profile = list(profile) if profile is not None else candidate_reads(examples)
     sums: dict[tuple[int, str], Tensor] = {}
     counts: dict[str, float] = {}
     slots: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}  # layer -> per batch (on_seg, correct, wrong mask)
-    max_off = 4
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         batch = collate(chunk, pad_id_of(model.tokenizer), device=model.device)
@@ -139,13 +206,11 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
             acc["aggregate_wrong"] = (wrong * hasf).sum(0)
             acc["aggregate_uniform"] = (uni_corr[:, None].expand(-1, H) * hasf).sum(0)
             acc["aggregate_hit"] = ((on_corr > wrong).float() * hasf).sum(0)
-            end_c = batch.seg_end.gather(1, corr[:, None])[:, 0]
-            start_c = batch.seg_start.gather(1, corr[:, None])[:, 0]
-            for off in range(max_off):
-                pos = end_c - 1 - off
-                valid = (pos >= start_c).float() * has.float()
-                m = q_row.gather(2, pos.clamp_min(0)[:, None, None].expand(-1, H, 1))[..., 0]
-                acc[f"profile{off}"] = (m * valid[:, None]).sum(0)
+            for read in profile:  # the query row's mass on the correct segment's token at each read position
+                r, ok = read_positions(batch, read)
+                pos, valid = r.gather(1, corr[:, None]), (ok.gather(1, corr[:, None])[:, 0] & has).float()
+                m = q_row.gather(2, pos[:, None].expand(-1, H, 1))[..., 0]
+                acc[f"profile:{read}"] = (m * valid[:, None]).sum(0)
             for name, v in acc.items():
                 sums[(info.index, name)] = sums.get((info.index, name), 0) + v
     sums = {k: v.cpu() for k, v in sums.items()}  # one copy per sum, not a GPU sync per head below
@@ -168,7 +233,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
             row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
             row["aggregate_slot_base"] = float(slot_base[info.index][h])
             row["aggregate_selectivity"] = row["aggregate_on_correct"] / max(row["aggregate_slot_base"], 1e-12)
-            row["read_profile"] = [float(sums[(info.index, f"profile{o}")][h]) / n for o in range(max_off)]
+            row["read_profile"] = {read: float(sums[(info.index, f"profile:{read}")][h]) / n for read in profile}
             out[(info.index, h)] = row
     return {"heads": out, "reads": list(reads)}
 
@@ -210,18 +275,20 @@ def is_gather_candidate(row: dict[str, Any], read: str) -> bool:
 
 
 def choose_read(heads: dict[tuple[int, int], dict[str, Any]], reads: Sequence[str]) -> tuple[str, str]:
-    """``(read, why)`` for ``read="auto"``: the offset (from the segment's end) of the correct segment's token that
-    the Aggregate pattern candidates' query rows weigh most, mapped to a read position, when that offset is one of
-    ``reads`` (``summary`` = the last token for the shipped tasks); else the read position whose strongest Gather
-    pattern (by lift) is strongest."""
+    """``(read, why)`` for ``read="auto"``: the read position (of the heads' ``read_profile``:
+    :func:`candidate_reads`) on whose token of the correct segment the Aggregate pattern candidates' query rows put
+    the most mass, the first in ``read_profile``'s order on a tie (``summary`` before ``last-K`` before
+    ``first+K``); else (no Aggregate candidate, or no mass on any such token) the one of ``reads`` whose strongest
+    Gather pattern (by lift) is strongest."""
     aggs = [r for r in heads.values() if is_aggregate_candidate(r)]
-    names = {0: "summary", 1: "last-1", 2: "last-2"}
     if aggs:
-        prof = [sum(r["read_profile"][o] for r in aggs) for o in range(len(aggs[0]["read_profile"]))]
-        off = max(range(len(prof)), key=lambda o: prof[o])
-        read = names.get(off, "")
-        if read in reads:
-            return read, (f"the Aggregate candidates' query rows weigh the correct segment's token {off} before its "
-                          f"end most ({prof[off]:.2f} summed over {len(aggs)} heads)")
+        prof = {rd: sum(r["read_profile"][rd] for r in aggs) for rd in aggs[0]["read_profile"]}
+        best = None
+        for rd, v in prof.items():  # strictly more (beyond float noise) to displace an earlier, preferred read
+            if best is None or v > prof[best] + 1e-9:
+                best = rd
+        if best is not None and prof[best] > 0:
+            return best, (f"the Aggregate candidates' query rows weigh the correct segment's {best} token most "
+                          f"({prof[best]:.2f} summed over {len(aggs)} heads)")
     best = max(reads, key=lambda rd: max(gather_values(r, rd)[1] for r in heads.values()))
     return best, "no Aggregate candidate points at a token; the read position with the strongest Gather lift"

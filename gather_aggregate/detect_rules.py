@@ -34,21 +34,23 @@ nothing and says so.
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from gather_aggregate.detect_causal import KEEP_MIN, N_RANDOM, Prober, path_losses, peel, random_losses
 from gather_aggregate.detect_conv import conv_gather
 from gather_aggregate.detect_evidence import (
-    READ_CHOICES,
     READS,
+    check_readable,
     choose_read,
     gather_values,
     is_aggregate_candidate,
     is_gather_candidate,
+    parse_read,
     pattern_evidence,
 )
-from gather_aggregate.errors import InputError
+from gather_aggregate.errors import GAWarning, InputError
 from gather_aggregate.protocol import Head, HookedModel
 
 NAME_MIN = 0.25
@@ -62,15 +64,27 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
     """Run the whole rule; returns ``heads`` (one explained row per head), ``gather``/``aggregate`` (named heads,
     group order), ``pairs``, ``read`` (+ ``read_why``), ``groups`` (per role: candidates, group, loss, random
     losses, verdict) and the prober's ``clean``/``chance``/``margin``."""
-    if read not in READ_CHOICES:
-        raise InputError(f"read must be one of {', '.join(READ_CHOICES)}, got {read!r}")
     examples = list(examples)
+    if read != "auto":
+        parse_read(read)
+        check_readable(examples, read)
     ev = pattern_evidence(model, examples, reads=READS)
     heads: dict[Head, dict[str, Any]] = ev["heads"]
     if read == "auto":
         read_used, why = choose_read(heads, READS)
     else:
         read_used, why = read, "given"
+    if read_used not in READS:  # a read position outside the usual three: its Gather masses, one more pass
+        extra = pattern_evidence(model, examples, reads=[read_used], profile=[])["heads"]
+        for hd, r in heads.items():
+            r.update({k: v for k, v in extra[hd].items() if k.startswith("gather")})
+    try:
+        check_readable(examples, read_used)
+    except InputError:
+        warnings.warn(GAWarning(
+            f"no segment can be read at {read_used!r} (each segment is one token, or has no token before that "
+            "position), so no Gather head can be looked for; annotate segments of two or more tokens (e.g. the "
+            "whole 'key: value' line) to find Gather heads"), stacklevel=3)
     prober = Prober(model, examples, batch_size=batch_size)
     kinds = {hd: r["kind"] for hd, r in heads.items()}
     for r in heads.values():

@@ -154,7 +154,7 @@ def test_detection_bad_input(planted):
         pattern_scores(model, [])
     with pytest.raises(errors.IndexOutOfRangeError):
         pattern_scores(model, examples, layers=[5])
-    with pytest.raises(errors.InputError, match="reading must be one of"):
+    with pytest.raises(errors.InputError, match="reading must be 'auto', 'summary', 'last', 'last-K' or 'first\\+K'"):
         find_ga_heads(model, examples, reading="value")
 
 
