@@ -39,9 +39,25 @@ def check_tokenizer(examples: Sequence[Example], tokenizer: Any) -> None:
         except Exception:  # noqa: BLE001 - a tokenizer that cannot encode text: nothing to compare
             return
         if ids != list(e.input_ids):
+            _check_padding(i, ids, list(e.input_ids), tokenizer)
             raise InputError(f"example {i} was tokenised by another tokenizer than the model's: its prompt gives "
                              f"{len(ids)} tokens here, not its {len(e.input_ids)} ids; build the examples with this "
                              "model's tokenizer: task.examples(model.tokenizer, n=...)")
+
+
+def _check_padding(i: int, ids: list[int], got: list[int], tokenizer: Any) -> None:
+    """An example whose ids are its prompt's ids with padding before (a left-padded batch row) or after them is
+    refused as such (not as another tokenizer's): the tools pad batches themselves, on the right."""
+    from gather_aggregate.protocol import pad_id_of
+
+    pad, extra = pad_id_of(tokenizer), len(got) - len(ids)
+    if extra <= 0:
+        return
+    for side, body, rest in (("starts", got[extra:], got[:extra]), ("ends", got[:len(ids)], got[len(ids):])):
+        if body == ids and all(t == pad for t in rest):
+            raise InputError(f"example {i} {side} with {extra} padding tokens (a padded batch row); give each example "
+                             "its own unpadded ids, as task.examples(model.tokenizer, n=...) builds them: batches "
+                             "are padded when they run, on the right")
 
 
 def check_fits(model: Any, examples: Sequence[Example]) -> None:
