@@ -198,11 +198,25 @@ def _scan_options(p: argparse.ArgumentParser) -> None:
     _out(p, "scan", "scan.json and scan.csv (one row per head, ranked)")
 
 
+def _reading(text: str) -> str:
+    """``--reading``: ``auto`` or a read position of :func:`gather_aggregate.detect_evidence.parse_read`."""
+    if text == "auto":
+        return text
+    from gather_aggregate.detect_evidence import parse_read
+    from gather_aggregate.errors import InputError
+
+    try:
+        parse_read(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _detect_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
-    p.add_argument("--reading", choices=["auto", "summary", "last-1", "last-2"], default="auto",
-                   help="where a segment is read: the task's summary token, one or two tokens before the "
-                        "segment's last, or auto (where the Aggregate heads read; reported)")
+    p.add_argument("--reading", type=_reading, default="auto", metavar="auto|summary|last|last-K|first+K",
+                   help="where a segment is read: the task's summary token, the segment's last token or K tokens "
+                        "before it, K tokens after its first, or auto (where the Aggregate heads read; reported)")
     _progress(p)
     _out(p, "detect", "detect.json/.csv (one row per head) and the scan it used, scan.json/.csv")
 

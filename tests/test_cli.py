@@ -157,7 +157,7 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["eval", "--model", "M", "--dict-size", "0"], "--dict-size must be at least 1, got 0"),
     (["scan", "--model", "M", "--workers", "0"], "--workers must be at least 1, got 0"),
-    (["detect", "--model", "M", "--reading", "nowhere"], "invalid choice: 'nowhere'"),
+    (["detect", "--model", "M", "--reading", "nowhere"], "reading must be 'auto', 'summary', 'last', 'last-K'"),
     (["pattern", "--model", "M", "--layer", "-1"], "--layer must be at least 0, got -1"),
     (["ablate", "--model", "M", "--heads", "a,b"], "cannot read head 'a'"),
     (["ablate", "--model", "M"], "the following arguments are required: --heads"),
