@@ -1,0 +1,349 @@
+"""Planted Gather/Aggregate circuits under prompt formats the other planted models do not cover.
+
+``tests/planted_circuit.py`` finds its segments in the tokens of two fixed formats (``k : v \\n`` lines, MQAR
+pairs).  Here a format generator (:class:`Fmt`) writes each prompt word by word together with its *true
+structure*: every segment's key and content tokens, the token its Gather writes into (``read``: the segment's
+last token, or its value's last token), and the queried key's tokens.  :class:`FormatModel` acts on that structure
+(registered per prompt by its token ids), never on the task's annotations: those come separately, from the
+character spans through :func:`gather_aggregate.tasks.base.annotate` (optionally with a declared summary
+character, as a task file or ``PromptSpec.summaries`` gives it), exactly what a user would hand the detector.
+
+Formats (fields of :class:`Fmt`): keys and values of several tokens, segments of unequal lengths (filler words),
+separators of several tokens or none, a declared summary at the segment's start, its key or its value, a
+distractor segment whose key starts with the queried key's first word, trailing words after the queried key,
+1-32 segments, a BOS token, the value before its key.
+
+Residual blocks as in ``planted_circuit``: ``E`` (the token), ``C`` (content gathered into a read position),
+``Q`` (the queried key at the query position), ``O`` (read by the unembedding).  Heads: ``gather`` (the read
+position attends uniformly to the segment's key and value tokens before it, writes ``E`` into ``C``),
+``aggregate`` (``softmax(beta * cos(Q_query, C_key))``, copies ``E + C`` into ``O``), ``keymover`` (the query
+position attends to the queried key's tokens, writes ``E`` into ``Q``; without it the embedding puts the key
+there), distractors ``prev``, ``uniform``, ``sink``, ``self`` (``0.02 E`` into ``O``).  ``ssm`` layers add a
+decaying, unnormalised tail to every row, like implied attention.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from planted import HookedPatterns
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin
+from gather_aggregate.tasks.base import PromptSpec, annotate
+
+DISTRACTORS = ("prev", "uniform", "sink", "self")
+
+
+@dataclass
+class Truth:
+    """A prompt's structure in token positions, as the planted heads use it."""
+
+    segs: list[tuple[list[int], list[int], int]]  # per segment: key positions, content positions, read position
+    query_key: list[int]
+    query_pos: int
+
+
+@dataclass
+class Fmt:
+    """A prompt format: ``header``, ``n_seg`` segments ``pre key mid value filler sep`` (or ``value mid key``), then
+    ``query key trailing``; the answer is the queried segment's value."""
+
+    name: str
+    n_seg: int = 6
+    key_len: tuple[int, int] = (1, 1)
+    val_len: tuple[int, int] = (1, 1)
+    pre: list[str] = field(default_factory=list)  # words before the key in each segment
+    mid: list[str] = field(default_factory=lambda: [":"])  # between key and value
+    sep: list[str] = field(default_factory=lambda: ["\n"])  # after the value
+    filler: tuple[int, int] = (0, 0)  # random filler words inside a segment, after the value (unequal lengths)
+    header: list[str] = field(default_factory=lambda: ["Memorize", "the", "following", "dictionary", ":", "\n"])
+    query: list[str] = field(default_factory=lambda: ["The", "value", "of", "the", "key"])
+    trailing: list[str] = field(default_factory=lambda: ["is"])
+    read: str = "last"  # where the model's Gather writes: "last" token of the segment, or "value_end"
+    summary: str | None = None  # declared summary: None (last token), "start", "key", "value_end"
+    distractor: bool = False  # a segment whose key's first word equals the queried key's first word
+    bos: bool = False
+    value_first: bool = False  # segment = value mid key sep
+
+
+def make_prompt(fmt: Fmt, rng: random.Random, keys: list[str], values: list[str], filler_words: list[str]):
+    """``(words, segment word spans [a, b), declared summary word per segment or None, truth in word positions,
+    candidates, correct index)``; the answer is the correct segment's value."""
+    n = fmt.n_seg
+    klen = [rng.randint(*fmt.key_len) for _ in range(n)]
+    seg_keys: list[list[str]] = []
+    pool = list(keys)
+    rng.shuffle(pool)
+    for i in range(n):
+        while True:
+            k = [rng.choice(pool) for _ in range(klen[i])]
+            if len(set(k)) == len(k) and k not in seg_keys:
+                break
+        seg_keys.append(k)
+    q = rng.randrange(n)
+    if fmt.distractor and n >= 2:
+        d = (q + 1 + rng.randrange(n - 1)) % n
+        if len(seg_keys[q]) == 1:  # a one-word key shares its first word only with itself; lengthen both
+            seg_keys[q] = seg_keys[q] + [rng.choice([w for w in pool if w != seg_keys[q][0]])]
+        seg_keys[d] = [seg_keys[q][0]] + [rng.choice([w for w in pool if w not in seg_keys[q]])]
+    firsts = rng.sample(values, n)
+    seg_vals = [[firsts[i]] + rng.sample([v for v in values if v not in firsts], rng.randint(*fmt.val_len) - 1)
+                for i in range(n)]
+    words = list(fmt.header)
+    spans, summ, truth_segs = [], [], []
+    for i in range(n):
+        a = len(words)
+        words += fmt.pre
+        fill = [rng.choice(filler_words) for _ in range(rng.randint(*fmt.filler))]
+        pos: dict[str, tuple[int, int]] = {}
+        for part in (("value", "key") if fmt.value_first else ("key", "value")):
+            if part == ("key" if fmt.value_first else "value"):
+                words += fmt.mid
+            start = len(words)
+            words += seg_keys[i] if part == "key" else seg_vals[i]
+            pos[part] = (start, len(words))
+        words += fill + fmt.sep
+        b = len(words)
+        (k0, k1), (v0, v1) = pos["key"], pos["value"]
+        spans.append((a, b))
+        summ.append({None: None, "start": a, "key": k0, "value_end": v1 - 1}[fmt.summary])
+        read = b - 1 if fmt.read == "last" else v1 - 1
+        content = [p for p in [*range(k0, k1), *range(v0, v1)] if p < read] or [read]
+        truth_segs.append((list(range(k0, k1)), content, read))
+    words += fmt.query
+    qk = list(range(len(words), len(words) + len(seg_keys[q])))
+    words += seg_keys[q] + fmt.trailing
+    truth = Truth(truth_segs, qk, len(words) - 1)
+    cands = [" ".join(v) for v in seg_vals]
+    if n == 1:  # one segment: the other candidates are values the prompt does not hold
+        cands += rng.sample([v for v in values if v not in seg_vals[0]], 3)
+    return words, spans, summ, truth, cands, q
+
+
+def spec_and_truth(fmt: Fmt, index: int, keys: list[str], values: list[str], filler_words: list[str],
+                   seed: int = 0) -> tuple[PromptSpec, Truth]:
+    """Prompt ``index`` of ``fmt`` as a :class:`PromptSpec` (character spans, a declared summary where ``fmt``
+    says) and its :class:`Truth` in word positions (one word = one token of the world's tokenizer)."""
+    rng = random.Random(f"{fmt.name}:{seed}:{index}")
+    words, spans, summ, truth, cands, q = make_prompt(fmt, rng, keys, values, filler_words)
+    starts, pos = [], 0
+    for w in words:
+        starts.append(pos)
+        pos += len(w) + 1
+    prompt = " ".join(words)
+    segs = [(starts[a], starts[b - 1] + len(words[b - 1]), f"s{i}") for i, (a, b) in enumerate(spans)]
+    summaries = [None if s is None else starts[s] for s in summ]
+    spec = PromptSpec(prompt=prompt, segments=segs, correct=q, candidates=cands, answer=q,
+                      summaries=summaries if any(s is not None for s in summaries) else None)
+    return spec, truth
+
+
+class FormatModel(HookedPatterns, HookedRootModule, ProtocolMixin):
+    """The planted model of the module docstring; :meth:`register` gives it a prompt's true structure."""
+
+    def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, beta: float = 60.0,
+                 gain: float = 30.0, noise: float = 0.02):
+        super().__init__()
+        self.tokenizer, self.heads_spec, self.kinds = tokenizer, heads, kinds
+        self.V = self.d_vocab = len(tokenizer)
+        self.beta, self.gain, self.noise = beta, gain, noise
+        self.pad = tokenizer.pad_token_id
+        self.n_ctx = None
+        n = max(len(h) for h in heads)
+        self.n_gather = sum(r == "gather" for layer in heads for r in layer)
+        self.n_agg = sum(r == "aggregate" for layer in heads for r in layer)
+        self.has_keymover = any("keymover" in layer for layer in heads)
+        self._layers = [LayerInfo(i, kinds[i], n, self.V, f"blocks.{i}.attn.hook_z") for i in range(len(heads))]
+        self.hook_embed = HookPoint()
+        self.hooks_pattern = nn.ModuleList([HookPoint() for _ in heads])
+        self.hooks_z = nn.ModuleList([HookPoint() for _ in heads])
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.setup()
+        renamed = {"hook_embed": self.hook_embed}
+        for i in range(len(heads)):
+            for hp, name in ((self.hooks_pattern[i], "attn.hook_pattern"), (self.hooks_z[i], "attn.hook_z")):
+                hp.name = f"blocks.{i}.{name}"
+                renamed[hp.name] = hp
+        self.hook_dict = renamed
+        self.mod_dict = dict(renamed)
+        self.truths: dict[tuple[int, ...], Truth] = {}
+        self._cache: dict[tuple[int, ...], dict[str, Tensor]] = {}
+
+    @property
+    def layers(self) -> list[LayerInfo]:
+        return self._layers
+
+    def register(self, ids: list[int], truth: Truth) -> None:
+        """Use ``truth`` for every row whose tokens start with ``ids`` (after any leading padding)."""
+        self.truths[tuple(ids)] = truth
+
+    def _truth(self, toks: list[int]) -> tuple[Truth | None, int]:
+        """The truth of a row (its registered prompt is a prefix of the row after any leading padding) and the
+        offset of its first real token."""
+        t = tuple(toks)
+        lo = 0
+        while True:
+            for hi in range(len(t), lo, -1):
+                if t[lo:hi] in self.truths:
+                    return self.truths[t[lo:hi]], lo
+            if lo < len(t) and t[lo] == self.pad:
+                lo += 1
+            else:
+                return None, 0
+
+    def _rules(self, toks: list[int]) -> dict[str, Tensor]:
+        key = tuple(toks)
+        if key in self._cache:
+            return self._cache[key]
+        L = len(toks)
+        truth, off = self._truth(toks)
+        sink = torch.zeros(L, L)
+        sink[:, off] = 1.0
+        sink[:off, :] = 0
+        for t in range(off):
+            sink[t, t] = 1.0
+        pats: dict[str, Tensor] = {"sink": sink, "self": torch.eye(L)}
+        g = sink.clone()
+        km = sink.clone()
+        qvec = torch.zeros(L, self.V)
+        if truth is not None:
+            for _keys, content, r in truth.segs:
+                g[r + off] = 0.0
+                for p in content:
+                    g[r + off, p + off] = 1.0 / len(content)
+            q = truth.query_pos + off
+            km[q] = 0.0
+            for p in truth.query_key:
+                km[q, p + off] = 1.0 / len(truth.query_key)
+                qvec[q, toks[p + off]] += 1.0
+        pats["gather"] = g
+        pats["keymover"] = km
+        pats["qembed"] = qvec
+        prev = sink.clone()
+        for t in range(off + 1, L):
+            prev[t] = 0.0
+            prev[t, t - 1] = 1.0
+        pats["prev"] = prev
+        uni = torch.zeros(L, L)
+        for t in range(L):
+            lo = off if t >= off else t
+            uni[t, lo:t + 1] = 1.0 / (t + 1 - lo)
+        pats["uniform"] = uni
+        self._cache[key] = pats
+        return pats
+
+    def _tail(self, L: int) -> Tensor:
+        idx = torch.arange(L)
+        d = (idx[:, None] - idx[None]).float()
+        return torch.where(d > 0, 0.1 * 0.5 ** (d - 1), torch.zeros(())).clamp_min(0)
+
+    def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
+        tokens = self.validate_tokens(tokens)
+        V = self.V
+        B, L = tokens.shape
+        rules = [self._rules(row.tolist()) for row in tokens]
+        x = torch.zeros(B, L, 4 * V)
+        x[..., :V] = nn.functional.one_hot(tokens, V).float()
+        if not self.has_keymover:
+            x[..., 2 * V:3 * V] = torch.stack([r["qembed"] for r in rules])
+        x = self.hook_embed(x)
+        causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
+        for i, spec in enumerate(self.heads_spec):
+            pats = []
+            for role in spec:
+                if role == "aggregate":
+                    qn = nn.functional.normalize(x[..., 2 * V:3 * V], dim=-1)
+                    cn = nn.functional.normalize(x[..., V:2 * V], dim=-1)
+                    s = self.beta * torch.einsum("bqv,bkv->bqk", qn, cn)
+                    p = s.masked_fill(~causal, float("-inf")).softmax(-1)
+                else:
+                    p = torch.stack([r[role] for r in rules])
+                pats.append(p)
+            pat = torch.stack(pats, 1)
+            if self.kinds[i] == "ssm":
+                pat = pat + self._tail(L)
+            pat = self.hooks_pattern[i](pat)
+            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
+            z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))
+            out = torch.zeros_like(x)
+            for h, role in enumerate(spec):
+                zh = z[:, :, h]
+                if role == "gather":
+                    out[..., V:2 * V] += zh / self.n_gather
+                elif role == "aggregate":
+                    out[..., 3 * V:] += zh / self.n_agg
+                elif role == "keymover":
+                    out[..., 2 * V:3 * V] += zh
+                else:
+                    out[..., 3 * V:] += self.noise * zh
+            x = x + out
+        return self.gain * x[..., 3 * V:]
+
+
+def build(tokenizer: Any, *, heads_per_layer: int = 4, depth: int = 2, n_gather: int = 1, n_agg: int = 1,
+          keymover: bool = True, kind: str = "attn", seed: int = 0) -> tuple[FormatModel, set, set]:
+    """Gather heads in one layer, Aggregate heads in a later one (drawn with ``seed``), the key-mover (if any) in
+    layer 0, distractors elsewhere; returns the model and the true Gather and Aggregate heads."""
+    rng = random.Random(seed)
+    g_layer = rng.randrange(0, depth - 1)
+    a_layer = rng.randrange(g_layer + 1, depth)
+    spec = [[""] * heads_per_layer for _ in range(depth)]
+
+    def place(layer: int, role: str, k: int) -> list[tuple[int, int]]:
+        free = [h for h in range(heads_per_layer) if not spec[layer][h]]
+        picks = rng.sample(free, k)
+        for h in picks:
+            spec[layer][h] = role
+        return [(layer, h) for h in picks]
+    if keymover:
+        place(0, "keymover", 1)
+    gather = place(g_layer, "gather", n_gather)
+    agg = place(a_layer, "aggregate", n_agg)
+    for layer in spec:
+        for h in range(heads_per_layer):
+            if not layer[h]:
+                layer[h] = rng.choice(DISTRACTORS)
+    kinds = ["attn"] * depth
+    if kind == "ssm":
+        kinds[g_layer] = kinds[a_layer] = "ssm"
+    return FormatModel(tokenizer, spec, kinds), set(gather), set(agg)
+
+
+def world(bos: bool = False, n_keys: int = 64, n_values: int = 64) -> tuple[Any, Any]:
+    """The zoo's word-level world (64 keys, 64 values) and its tokenizer, with ``bos``: one that puts ``<eos>``
+    before every prompt as its BOS token."""
+    from gather_aggregate.training.vocab import build_tokenizer, make_world
+
+    w = make_world(seed=5, n_entities=16, n_keys=n_keys, n_values=n_values)
+    tok = build_tokenizer(w)
+    if bos:
+        from tokenizers import processors
+        from transformers import PreTrainedTokenizerFast
+
+        inner = tok.backend_tokenizer
+        inner.post_processor = processors.TemplateProcessing(single="<eos> $A", special_tokens=[("<eos>", tok.eos_token_id)])
+        tok = PreTrainedTokenizerFast(tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                      bos_token="<eos>", clean_up_tokenization_spaces=False)
+    return w, tok
+
+
+def examples(fmt: Fmt, model: FormatModel, w: Any, tok: Any, n: int = 8, seed: int = 1) -> list[Any]:
+    """``n`` prompts of ``fmt`` annotated by ``tok`` (as any task's), each one's true structure registered with
+    ``model``."""
+    out = []
+    for i in range(n):
+        spec, truth = spec_and_truth(fmt, i, w.kv_keys, w.kv_values, w.filler, seed=seed)
+        ex = annotate(spec, tok)
+        shift = 1 if fmt.bos else 0
+        tr = Truth([([k + shift for k in ks], [c + shift for c in cs], r + shift) for ks, cs, r in truth.segs],
+                   [p + shift for p in truth.query_key], truth.query_pos + shift)
+        assert len(ex.input_ids) == tr.query_pos + 1, (len(ex.input_ids), tr.query_pos, spec.prompt)
+        model.register(ex.input_ids, tr)
+        out.append(ex)
+    return out
