@@ -68,6 +68,7 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
     if read != "auto":
         parse_read(read)
         check_readable(examples, read)
+    warn_gaps(examples)
     ev = pattern_evidence(model, examples, reads=READS)
     heads: dict[Head, dict[str, Any]] = ev["heads"]
     if read == "auto":
@@ -154,6 +155,22 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
                                "group": [list(h) for h in g["group"]]} for role, g in groups.items()}
     result["n_forwards"], result["n_passes"] = prober.n_forwards, prober.n_passes
     return result
+
+
+def warn_gaps(examples: Sequence[Any]) -> None:
+    """Warn (:class:`GAWarning`) when an example's segments leave tokens between them (a line's ``\\n`` outside
+    its segment): Gather heads are ablated, and Aggregate heads credited, only on the segments' own tokens, so a
+    head that writes or reads there is missed."""
+    for i, e in enumerate(examples):
+        segs = sorted(e.segments, key=lambda sg: sg.start)
+        gaps = [(a.label, b.start - a.end) for a, b in zip(segs, segs[1:]) if b.start > a.end]
+        if gaps:
+            warnings.warn(GAWarning(
+                f"example {i}: its segments leave {sum(n for _, n in gaps)} token(s) between them (first after "
+                f"segment {gaps[0][0]!r}); Gather heads are ablated and Aggregate heads credited only on the "
+                "segments' own tokens, so a head that writes or reads there is missed: let each segment cover "
+                "its separator (e.g. a line's '\\n')"), stacklevel=3)
+            return
 
 
 def _explain(row: dict[str, Any], hd: Head, groups: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:

@@ -70,6 +70,7 @@ class Fmt:
     distractor: bool = False  # a segment whose key's first word equals the queried key's first word
     bos: bool = False
     value_first: bool = False  # segment = value mid key sep
+    annotate_sep: bool = True  # False: the annotated segment stops before its separator (the model still uses it)
 
 
 def make_prompt(fmt: Fmt, rng: random.Random, keys: list[str], values: list[str], filler_words: list[str]):
@@ -111,7 +112,7 @@ def make_prompt(fmt: Fmt, rng: random.Random, keys: list[str], values: list[str]
         words += fill + fmt.sep
         b = len(words)
         (k0, k1), (v0, v1) = pos["key"], pos["value"]
-        spans.append((a, b))
+        spans.append((a, b if fmt.annotate_sep or not fmt.sep else b - len(fmt.sep)))
         summ.append({None: None, "start": a, "key": k0, "value_end": v1 - 1}[fmt.summary])
         read = b - 1 if fmt.read == "last" else v1 - 1
         content = [p for p in [*range(k0, k1), *range(v0, v1)] if p < read] or [read]

@@ -139,3 +139,18 @@ def test_formats_the_detector_cannot_support_are_refused_in_one_line(worlds):
     assert set(ga.aggregate) == a and ga.gather == []
     assert any(issubclass(c.category, errors.GAWarning) and "no Gather head can be looked for" in str(c.message)
                for c in caught)
+
+
+def test_segments_that_leave_out_their_separator_are_warned_about_and_nothing_is_misnamed(worlds):
+    """A user's segments ``k : v`` without the line's ``\\n``, where the model gathers into (and reads) that
+    ``\\n``: no head of the segments does the work, so no Gather or Aggregate head is named, and the detector says
+    why in one warning naming the fix (zoo ``bamba-ga``/``mamba2-ga`` on such a task file: no Aggregate head;
+    ``llama-kvmc``: no Gather head)."""
+    model, ex, g, a = _planted(worlds, Fmt("newline_left_out", annotate_sep=False), dict(seed=0))
+    assert all(s.end < t.start for e in ex for s, t in zip(e.segments, e.segments[1:]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ga = find_ga_heads(model, ex)
+    assert ga.margin["margin"] > 1.0 and ga.gather == [] and ga.aggregate == []  # missed, never misnamed
+    assert any(issubclass(c.category, errors.GAWarning) and "let each segment cover its separator" in str(c.message)
+               for c in caught)
