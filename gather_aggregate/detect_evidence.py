@@ -88,15 +88,6 @@ def parse_read(read: Any) -> tuple[str, int]:
                      f"got {read!r}")
 
 
-def read_name(anchor: str, offset: int) -> str:
-    """The name :func:`parse_read` reads back: ``("last", 0)`` -> ``"last"``, ``("last", 2)`` -> ``"last-2"``."""
-    if anchor == "summary":
-        return "summary"
-    if anchor == "last":
-        return "last" if offset == 0 else f"last-{offset}"
-    return f"first+{offset}"
-
-
 def read_positions(batch: Any, read: str) -> tuple[Tensor, Tensor]:
     """Per segment ``[b, seg]``: the read position for ``read`` and whether that segment can be read there (real
     segment, position inside it, at least one own token before it)."""
@@ -123,16 +114,17 @@ def candidate_reads(examples: Sequence[Any]) -> list[str]:
 
 def check_readable(examples: Sequence[Any], read: str) -> None:
     """Refuse a read position at which no segment of ``examples`` can be read (no own token before it)."""
+    anchor, off = parse_read(read)
     for e in examples:
         for s in e.segments:
-            anchor, off = parse_read(read)
             r = s.summary if anchor == "summary" else s.end - 1 - off if anchor == "last" else s.start + off
             if s.start < r < s.end:
                 return
     if read == "summary":
-        raise InputError("reading='summary': every segment's summary is its first token, so nothing of the segment "
-                         "comes before it to be gathered there (the model is causal); declare the summary at the "
-                         "segment's last token (the default) or pass reading='auto'")
+        raise InputError("reading='summary': no segment has a token of its own before its summary (the summary is "
+                         "the segment's first token, or the segment is one token), so nothing can be gathered there "
+                         "(the model is causal); declare the summary at the segment's last token (the default) or "
+                         "pass reading='auto'")
     raise InputError(f"reading={read!r}: no segment has a token there with one of its own tokens before it; pass "
                      "reading='auto' or a read position inside the segments (e.g. 'last')")
 

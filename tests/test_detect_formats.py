@@ -123,7 +123,7 @@ def test_formats_the_detector_cannot_support_are_refused_in_one_line(worlds):
         with pytest.raises(errors.InputError, match="starts with 3 padding tokens.*unpadded ids"):
             call(model, shifted)
     at_start = examples(Fmt("summary_start", summary="start"), model, w, tok)
-    with pytest.raises(errors.InputError, match="summary is its first token.*reading='auto'"):
+    with pytest.raises(errors.InputError, match="summary is the segment's first token.*reading='auto'"):
         find_ga_heads(model, at_start, reading="summary")
     with pytest.raises(errors.InputError, match="reading must be"):
         find_ga_heads(model, ex, reading="last-0")
