@@ -169,8 +169,8 @@ DECISION_COLUMNS = ("layer", "head", "kind", "role", "gather_mass", "gather_lift
 class GAHeads:
     """Named Gather and Aggregate heads and G→A pairs, with the evidence for each (:mod:`gather_aggregate.detect_rules`).
 
-    ``reading`` says where segments were read (``reading["gather"]``: ``summary``, ``last-1`` or ``last-2``, the
-    read position the Gather masses were taken at; ``reading["aggregate"]``: always ``segment``, the query row's mass
+    ``reading`` says where segments were read (``reading["gather"]``: ``summary``, ``last``, ``last-K`` or
+    ``first+K`` (:mod:`gather_aggregate.detect_evidence`), the read position the Gather masses were taken at; ``reading["aggregate"]``: always ``segment``, the query row's mass
     on the whole correct segment) and ``read_why`` why; ``evidence`` per named head is ``"alone"`` (its role's group
     is that one head) or ``"joint"`` (one of a group that is named together); ``joint_drop`` holds each role's group
     loss as a share of the retrieval margin (1 = retrieval taken to chance); ``groups`` the whole record per role
@@ -278,8 +278,9 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     named when it beats random head sets of the same size and kinds, and path patching pairs Gather with Aggregate
     heads.  One setting serves every model; nothing is decided by a z-score.
 
-    ``reading`` is where a segment is read (``"summary"``: the task's summary token; ``"last-1"``/``"last-2"``; or
-    ``"auto"``: where the Aggregate candidates read, reported in ``reading`` and ``read_why``).  ``scan`` (a
+    ``reading`` is where a segment is read (``"summary"``: the task's summary token; ``"last"``, ``"last-K"``: its
+    last token or ``K`` before it; ``"first+K"``: ``K`` after its first; or ``"auto"``: of all of these that fit the
+    segments, the one the Aggregate candidates read most, reported in ``reading`` and ``read_why``).  ``scan`` (a
     single-head scan of the same prompts) and ``scores`` (:func:`pattern_scores` rows) only add columns to the table
     (``ablation_drop`` and the z-scores ``z_gather``/``z_aggregate``/``z_ablation``, for ranking by eye).  ``z`` is
     accepted for compatibility and unused.
