@@ -170,8 +170,8 @@ class GAHeads:
     """Named Gather and Aggregate heads and G→A pairs, with the evidence for each (:mod:`gather_aggregate.detect_rules`).
 
     ``reading`` says where segments were read (``reading["gather"]``: ``summary``, ``last``, ``last-K`` or
-    ``first+K`` (:mod:`gather_aggregate.detect_evidence`), the read position the Gather masses were taken at; ``reading["aggregate"]``: always ``segment``, the query row's mass
-    on the whole correct segment) and ``read_why`` why; ``evidence`` per named head is ``"alone"`` (its role's group
+    ``first+K`` (:mod:`gather_aggregate.detect_evidence`), the read position the Gather masses were taken at;
+    ``reading["aggregate"]``: always ``segment``, the query row's mass on the whole correct segment) and ``read_why`` why; ``evidence`` per named head is ``"alone"`` (its role's group
     is that one head) or ``"joint"`` (one of a group that is named together); ``joint_drop`` holds each role's group
     loss as a share of the retrieval margin (1 = retrieval taken to chance); ``groups`` the whole record per role
     (candidates, peeling steps, random-set losses, verdict); ``pair_loss`` the path-patching numbers.  ``table`` has
