@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
 from hybrid_family_checks import HybridFamilySuite
 
 from gather_aggregate import from_hf_model
 from gather_aggregate.adapters.families.nemotron_h import HookedNemotronH
 from gather_aggregate.adapters.families_testing import random_nemotron_h_config, tiny_hf_nemotron_h
+from gather_aggregate.errors import UnsupportedModelError
 
 
 class TestNemotronH(HybridFamilySuite):
@@ -24,3 +27,16 @@ class TestNemotronH(HybridFamilySuite):
     def check_refusal(self, msg):
         assert "model.layers.2.mixer.A_log" in msg and "model.layers.2.mixer.q_proj.weight" in msg
         assert "mis-shaped" in msg and "n_routed_experts" in msg
+
+
+@pytest.mark.parametrize(("n_exp", "n_group", "topk_group"), [(3, 3, 1), (4, 4, 1), (6, 4, 1), (4, 2, 3)])
+def test_routing_that_cannot_run_is_refused_at_load(n_exp, n_group, topk_group):
+    """HF's grouped router scores a group by its best two experts, so groups of one expert (and a ``topk_group``
+    above ``n_group``, or groups that do not divide the experts) fail inside HF's forward; the loader says so
+    before running (found by the config fuzz, ``adapters/config_fuzz.py``)."""
+    hf = tiny_hf_nemotron_h(0, n_routed_experts=n_exp, n_group=n_group, topk_group=topk_group, num_experts_per_tok=1)
+    with pytest.raises(UnsupportedModelError, match="n_group") as err:
+        from_hf_model(hf)
+    assert "\n" not in str(err.value)
+    with pytest.raises(RuntimeError):  # HF cannot run it either
+        hf(torch.zeros(1, 3, dtype=torch.long), use_cache=False)

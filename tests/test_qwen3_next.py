@@ -108,3 +108,21 @@ class TestQwen3Next(HybridFamilySuite):
         tl_err = float((torch.einsum("bhts,bshv->bthv", tl, v) - y).norm() / y.norm())
         ours_err = float((torch.einsum("bhts,bshv->bthv", model.pattern(cache, 0), v) - y).norm() / y.norm())
         assert ours_err <= 1e-5 and tl_err > 0.1
+
+
+@pytest.mark.parametrize("overrides", [dict(num_experts=1, num_experts_per_tok=1),
+                                       dict(num_experts=1, num_experts_per_tok=1, mlp_only_layers=[1]),
+                                       dict(num_experts=3, decoder_sparse_step=2, mlp_only_layers=[3])])
+def test_a_one_expert_moe_layer_is_a_moe_block_not_a_dense_mlp(overrides):
+    """A sparse layer of one expert is HF's ``Qwen3NextSparseMoeBlock`` (router, the expert and the gated shared
+    expert), not the dense MLP: found by the config fuzz (``adapters/config_fuzz.py``), it was refused as a
+    checkpoint mismatch."""
+    from hybrid_family_checks import check_matches_hf
+
+    from gather_aggregate.adapters.families_testing import qwen3_next_config
+
+    hf = tiny_hf_qwen3_next(5, config=qwen3_next_config(**overrides))
+    model, _ = check_matches_hf(hf, load_ssm, tokens(97, L=11, seed=5))
+    cfg = hf.config
+    sparse = [i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0 for i in range(4)]
+    assert [type(b.mlp).__name__ == "SharedExpertMoE" for b in model.blocks] == sparse

@@ -59,6 +59,13 @@ def nemotron_config_from_hf(hf_config: Any) -> HybridConfig:
             raise UnsupportedModelError(f"NemotronH {act_name}={g(act_name)!r} is not supported; only silu")
     if str(g("mlp_hidden_act")) != "relu2":
         raise UnsupportedModelError(f"NemotronH mlp_hidden_act={g('mlp_hidden_act')!r} is not supported; only relu2")
+    if "moe" in types:
+        n_exp, n_group = int(g("n_routed_experts")), int(g("n_group"))
+        if n_exp % n_group or n_exp // n_group < 2 or int(g("topk_group")) > n_group:
+            raise UnsupportedModelError(
+                f"NemotronH routing n_routed_experts={n_exp}, n_group={n_group}, topk_group={g('topk_group')} cannot "
+                "run (HF's neither): n_group must divide the experts into groups of at least two (a group scores by "
+                "its best two) and topk_group must be <= n_group; fix the config's MoE fields")
     groups: list[list[int]] = []
     for i, t in enumerate(types):
         if t in _MIXERS:

@@ -113,7 +113,9 @@ def qwen3_next_config_from_hf(hf_config: Any) -> HybridConfig:
     kinds = tuple("attn" if t == "full_attention" else "ssm" for t in hf_config.layer_types)
     n_exp, step = int(getattr(hf_config, "num_experts", 0) or 0), int(getattr(hf_config, "decoder_sparse_step", 1))
     dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
-    experts = tuple(n_exp if (i not in dense and n_exp > 0 and (i + 1) % step == 0) else 1 for i in range(n_layers))
+    # HF's rule for a sparse layer; a sparse layer of one expert is still a MoE block (router and shared expert)
+    sparse = tuple(i not in dense and n_exp > 0 and (i + 1) % step == 0 for i in range(n_layers))
+    experts = tuple(n_exp if s else 1 for s in sparse)
     n_k, n_v = int(g("linear_num_key_heads")), int(g("linear_num_value_heads"))
     d_k, d_v = int(g("linear_key_head_dim")), int(g("linear_value_head_dim"))
     return HybridConfig(
@@ -129,7 +131,7 @@ def qwen3_next_config_from_hf(hf_config: Any) -> HybridConfig:
         top_k=int(getattr(hf_config, "num_experts_per_tok", 1)),
         extra={"d_expert": int(getattr(hf_config, "moe_intermediate_size", 0) or 0),
                "d_shared": int(getattr(hf_config, "shared_expert_intermediate_size", 0) or 0),
-               "norm_topk": bool(getattr(hf_config, "norm_topk_prob", True))},
+               "norm_topk": bool(getattr(hf_config, "norm_topk_prob", True)), "moe_layers": sparse},
     ).validate()
 
 
@@ -145,7 +147,7 @@ class Qwen3NextBlock(MixerBlock):
         super().__init__(cfg, layer, ssm=_deltanet, attn=GatedAttention, norm=OffsetRMSNorm)
         self.ln2 = OffsetRMSNorm(cfg.d_model, cfg.norm_eps)
         n_exp, x = cfg.layer_experts[layer], cfg.extra
-        self.mlp: nn.Module = (GatedMLP(cfg.d_model, cfg.d_mlp, cfg.mlp_act) if n_exp == 1 else
+        self.mlp: nn.Module = (GatedMLP(cfg.d_model, cfg.d_mlp, cfg.mlp_act) if not x["moe_layers"][layer] else
                                SharedExpertMoE(cfg.d_model, x["d_expert"], x["d_shared"], n_exp, cfg.top_k,
                                                x["norm_topk"], cfg.mlp_act))
         self.hook_mlp_out = HookPoint()
