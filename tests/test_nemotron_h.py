@@ -40,3 +40,13 @@ def test_routing_that_cannot_run_is_refused_at_load(n_exp, n_group, topk_group):
     assert "\n" not in str(err.value)
     with pytest.raises(RuntimeError):  # HF cannot run it either
         hf(torch.zeros(1, 3, dtype=torch.long), use_cache=False)
+
+
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_mlp_and_experts_follow_mlp_hidden_act(act):
+    """``mlp_hidden_act`` sets the MLP layers', the routed experts' and the shared expert's activation (relu² in
+    released checkpoints); other values were refused until the config fuzz drew them."""
+    from hybrid_family_checks import check_matches_hf, tokens
+
+    hf = tiny_hf_nemotron_h(2, mlp_hidden_act=act)
+    check_matches_hf(hf, from_hf_model, tokens(97, L=13, seed=2))

@@ -2,7 +2,7 @@
 
 Every HF layer is ``r = r + mixer(rmsnorm(r))`` with one mixer each: ``linear_attention`` (Mamba-2, with
 ``Δ`` clamped below at ``time_step_min``), ``full_attention`` (no positional encoding), ``mlp``
-(``down(relu²(up(x)))``) or ``moe`` (sigmoid router with grouped top-k and a score-correction bias, relu²
+(``down(act(up(x)))``, ``act`` from ``mlp_hidden_act``: relu² in released checkpoints) or ``moe`` (sigmoid router with grouped top-k and a score-correction bias, ``act``
 experts, an optional latent projection, plus a shared expert).
 
 **Protocol layers.** MLP and MoE layers have no heads, so each protocol layer is one *mixer* HF layer
@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from gather_aggregate.adapters.attention import Attention
+from gather_aggregate.adapters.attention import Attention, activation
 from gather_aggregate.adapters.checkpoint import stack_experts
 from gather_aggregate.adapters.families import HybridFamily
 from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
@@ -57,8 +57,9 @@ def nemotron_config_from_hf(hf_config: Any) -> HybridConfig:
     for act_name in ("mamba_hidden_act",):
         if str(g(act_name)) not in ("silu", "swish"):
             raise UnsupportedModelError(f"NemotronH {act_name}={g(act_name)!r} is not supported; only silu")
-    if str(g("mlp_hidden_act")) != "relu2":
-        raise UnsupportedModelError(f"NemotronH mlp_hidden_act={g('mlp_hidden_act')!r} is not supported; only relu2")
+    mlp_act = str(g("mlp_hidden_act"))
+    if mlp_act != "relu2":
+        activation(mlp_act)  # an activation the hybrids do not know is refused here, with the ones they do
     if "moe" in types:
         n_exp, n_group = int(g("n_routed_experts")), int(g("n_group"))
         if n_exp % n_group or n_exp // n_group < 2 or int(g("topk_group")) > n_group:
@@ -88,7 +89,7 @@ def nemotron_config_from_hf(hf_config: Any) -> HybridConfig:
         layer_kinds=tuple(_MIXERS[types[grp[0]]] for grp in groups), attn_n_heads=n_attn,
         attn_n_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or n_attn), attn_d_head=d_head,
         attn_scale=d_head ** -0.5, rotary_dim=0, d_mlp=int(g("intermediate_size")),
-        extra={"hf_layers": groups, "hf_types": types, "mlp_bias": bool(g("mlp_bias")),
+        extra={"hf_layers": groups, "hf_types": types, "mlp_bias": bool(g("mlp_bias")), "mlp_act": mlp_act,
                "n_experts": int(g("n_routed_experts")), "top_k": int(g("num_experts_per_tok")),
                "n_group": int(g("n_group")), "topk_group": int(g("topk_group")),
                "norm_topk": bool(g("norm_topk_prob")), "routed_scale": float(g("routed_scaling_factor")),
@@ -97,17 +98,24 @@ def nemotron_config_from_hf(hf_config: Any) -> HybridConfig:
     ).validate()
 
 
-class ReluSquaredMLP(nn.Module):
-    """``down(relu(up(x))²)`` (HF ``NemotronHMLP``)."""
+def mlp_activation(name: str) -> Any:
+    """``relu2`` (every released Nemotron-H) or an activation :func:`.attention.activation` knows."""
+    return relu2 if name == "relu2" else activation(name)
 
-    def __init__(self, d: int, d_mlp: int, bias: bool) -> None:
+
+class ReluSquaredMLP(nn.Module):
+    """``down(act(up(x)))`` with ``act`` from ``mlp_hidden_act``, ``relu(·)²`` in released checkpoints (HF
+    ``NemotronHMLP``)."""
+
+    def __init__(self, d: int, d_mlp: int, bias: bool, act: str = "relu2") -> None:
         super().__init__()
+        self.act = mlp_activation(act)
         self.up_proj = nn.Linear(d, d_mlp, bias=bias)
         self.down_proj = nn.Linear(d_mlp, d, bias=bias)
         self.hook_post = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.hook_post(relu2(self.up_proj(x))))
+        return self.down_proj(self.hook_post(self.act(self.up_proj(x))))
 
 
 class _Router(nn.Module):
@@ -140,7 +148,8 @@ class NemotronMoE(nn.Module):
         self.x = x
         self.gate = _Router(x["n_experts"], d)
         self.experts = _Experts(x["n_experts"], d_in, x["d_expert"])
-        self.shared_experts = ReluSquaredMLP(d, x["d_shared"], x["mlp_bias"])
+        self.shared_experts = ReluSquaredMLP(d, x["d_shared"], x["mlp_bias"], x.get("mlp_act", "relu2"))
+        self.act = mlp_activation(x.get("mlp_act", "relu2"))
         if x["latent"]:
             self.fc1_latent_proj = nn.Linear(d, d_in, bias=x["mlp_bias"])
             self.fc2_latent_proj = nn.Linear(d_in, d, bias=x["mlp_bias"])
@@ -164,7 +173,7 @@ class NemotronMoE(nn.Module):
         for e in range(E):
             sel = weights[..., e] != 0
             if bool(sel.any()):
-                ye = F.linear(relu2(F.linear(z[sel], self.experts.up_proj[e])), self.experts.down_proj[e])
+                ye = F.linear(self.act(F.linear(z[sel], self.experts.up_proj[e])), self.experts.down_proj[e])
                 out[sel] = out[sel] + ye * weights[..., e][sel][:, None]
         out = out.to(h.dtype)
         if x["latent"]:
@@ -178,7 +187,8 @@ class FFNLayer(nn.Module):
     def __init__(self, cfg: HybridConfig, kind: str) -> None:
         super().__init__()
         self.ln = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = NemotronMoE(cfg) if kind == "moe" else ReluSquaredMLP(cfg.d_model, cfg.d_mlp, cfg.extra["mlp_bias"])
+        self.mlp = NemotronMoE(cfg) if kind == "moe" else ReluSquaredMLP(cfg.d_model, cfg.d_mlp, cfg.extra["mlp_bias"],
+                                                                   cfg.extra.get("mlp_act", "relu2"))
         self.hook_out, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(self, resid: Tensor) -> Tensor:
