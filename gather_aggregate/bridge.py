@@ -53,7 +53,7 @@ def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, 
     tokenizer = copy.deepcopy(tokenizer)
     try:
         bridge = build_bridge_from_module(hf_model, architecture, hf_config=hf_config, tokenizer=tokenizer)
-    except (RuntimeError, ValueError, KeyError, AttributeError, NotImplementedError, TypeError) as exc:
+    except (RuntimeError, ValueError, KeyError, AttributeError, NotImplementedError, TypeError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UnsupportedModelError(
             f"TransformerLens' bridge cannot wrap this {architecture} (model_type "
@@ -71,13 +71,30 @@ INEXACT_ARCHITECTURES: dict[str, str] = {
 }
 
 
-def refuse_inexact(archs: Sequence[str]) -> None:
-    """Raise :class:`UnsupportedModelError` for an architecture of :data:`INEXACT_ARCHITECTURES`."""
+#: Config values (by ``model_type``: field, value) TransformerLens 4.3's bridge does not reproduce, and why; found
+#: by the config fuzz (``adapters/config_fuzz.py``), no released checkpoint of these families sets them.
+INEXACT_CONFIGS: dict[str, list[tuple[str, Any, str]]] = {
+    "gpt2": [("scale_attn_weights", False, "always divides the attention scores by sqrt(d_head), so the logits "
+              "would differ from HF's")],
+    "gpt_neox": [("attention_bias", False, "requires the query_key_value bias (it fails inside TransformerLens "
+                  "without one)")],
+}
+
+
+def refuse_inexact(archs: Sequence[str], config: Any = None) -> None:
+    """Raise :class:`UnsupportedModelError` for an architecture of :data:`INEXACT_ARCHITECTURES` or a config value
+    of :data:`INEXACT_CONFIGS`."""
     for arch in archs:
         if arch in INEXACT_ARCHITECTURES:
             raise UnsupportedModelError(
                 f"{arch} is not supported: in TransformerLens 4.3's bridge {INEXACT_ARCHITECTURES[arch]}; use a "
                 "decoder such as GPT2LMHeadModel, GPTNeoXForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM")
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    for field, value, why in INEXACT_CONFIGS.get(str(get("model_type")), []):
+        if config is not None and get(field) == value:
+            raise UnsupportedModelError(
+                f"{get('model_type')} with {field}={value!r} is not supported: TransformerLens 4.3's bridge {why}; "
+                f"only checkpoints with the family's usual {field}={not value!r} load")
 
 
 def _required_args(module: Any) -> int:
@@ -139,7 +156,7 @@ class BridgeModel(ProtocolMixin):
         config = hf_model.config
         archs = list(getattr(config, "architectures", None) or [type(hf_model).__name__])
         refuse_unservable(config, archs)
-        refuse_inexact(archs)
+        refuse_inexact(archs, config)
         supported = set(supported_architectures())
         arch = next((a for a in archs if a in supported), None)
         if arch is None:

@@ -363,7 +363,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
     archs = list(getattr(config, "architectures", None) or [])
     refuse_unservable(config, archs)
-    refuse_inexact(archs)
+    refuse_inexact(archs, config)
     _refuse_empty(config, source)
     if not any(a in supported_architectures() for a in archs):
         raise UnsupportedModelError(_unsupported_message(model_type, archs))

@@ -228,3 +228,22 @@ def test_a_config_the_bridge_cannot_build_is_one_clear_error(tok):
     with pytest.raises(UnsupportedModelError, match="cannot wrap this FalconForCausalLM") as err:
         from_hf_model(hf, tok)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("family", "field", "value"), [("gpt2", "scale_attn_weights", False),
+                                                        ("pythia", "attention_bias", False)])
+def test_config_values_the_bridge_does_not_reproduce_are_refused(tmp_path, tok, family, field, value):
+    """GPT-2 without score scaling (TL's attention always divides by sqrt(d_head): logits 4.7e-4 off HF's on a
+    tiny model) and GPT-NeoX without the qkv bias (an AssertionError inside TL) are refused, in memory and from
+    disk; the config fuzz (``adapters/config_fuzz.py``) drew both."""
+    from gather_aggregate import from_hf_model, load_model
+    from gather_aggregate.errors import UnsupportedModelError
+
+    hf, _ = tiny_transformer(family, tokenizer=tok, **{field: value})
+    with pytest.raises(UnsupportedModelError, match=f"{field}={value}") as err:
+        from_hf_model(hf, tok)
+    assert "\n" not in str(err.value)
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(str(tmp_path))
+    with pytest.raises(UnsupportedModelError, match=field):
+        load_model(tmp_path)
