@@ -31,6 +31,7 @@ class FuzzCase:
     hf: Any
     tokens: torch.Tensor
     fields: dict[str, Any]
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] | None = None
     state_dict: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
@@ -68,6 +69,8 @@ def _mamba1(r: random.Random, model_type: str) -> dict[str, Any]:
         num_hidden_layers=r.randint(1, 3), tie_word_embeddings=r.random() < 0.5)
     if model_type == "falcon_mamba":
         f["mixer_rms_eps"] = _eps(r)
+    # not a config field: channels per protocol head (``from_hf_model(head_size=)``), 1 = the paper's per channel
+    f["head_size"] = r.choice([1, 1] + [h for h in _divisors(f["hidden_size"] * f["expand"]) if 1 < h < 8])
     return f
 
 
@@ -168,7 +171,8 @@ def _nemotron_h(r: random.Random) -> dict[str, Any]:
                 n_groups=r.choice(_divisors(n_heads)), conv_kernel=r.randint(1, 5), chunk_size=r.choice([1, 3, 16]),
                 intermediate_size=r.choice([6, 20]), moe_intermediate_size=r.choice([4, 10]),
                 moe_shared_expert_intermediate_size=r.choice([4, 12]), n_routed_experts=n_exp,
-                n_group=r.choice([g for g in _divisors(n_exp) if g <= n_exp]), topk_group=1,
+                n_group=(r.choice([g for g in _divisors(n_exp) if n_exp // g >= 2]) if r.random() < 0.9 else n_exp),
+                topk_group=1,
                 num_experts_per_tok=r.randint(1, 2), norm_topk_prob=r.random() < 0.5,
                 routed_scaling_factor=r.choice([1.0, 2.5]), moe_latent_size=r.choice([None, 6]),
                 use_bias=r.random() < 0.5, use_conv_bias=r.random() < 0.5, mamba_proj_bias=r.random() < 0.5,
@@ -178,10 +182,12 @@ def _nemotron_h(r: random.Random) -> dict[str, Any]:
                 time_step_limit=r.choice([(0.0, float("inf")), (0.05, 0.6)]), tie_word_embeddings=r.random() < 0.5)
 
 
-def _nemotron_fix(f: dict[str, Any]) -> dict[str, Any]:
-    # a latent MoE projects to the latent size; n_group must divide the expert count and hold the top-k
-    n_exp = f["n_routed_experts"]
-    f["num_experts_per_tok"] = min(f["num_experts_per_tok"], n_exp // f["n_group"] * f["topk_group"])
+def _nemotron_fix(f: dict[str, Any], r: random.Random) -> dict[str, Any]:
+    """Routing HF can run (one draw in ten has groups of one expert, which the loader refuses): ``topk_group``
+    groups up to ``n_group``, at most the experts they hold chosen per token."""
+    n_exp, n_group = f["n_routed_experts"], f["n_group"]
+    f["topk_group"] = r.randint(1, n_group)
+    f["num_experts_per_tok"] = min(f["num_experts_per_tok"], n_exp // n_group * f["topk_group"])
     return f
 
 
@@ -270,6 +276,33 @@ def _llama_like(r: random.Random) -> dict[str, Any]:
                 attention_bias=r.random() < 0.5, hidden_act=_act(r), max_position_embeddings=64)
 
 
+def _gpt2(r: random.Random) -> dict[str, Any]:
+    n_head = r.choice([1, 2, 3, 4])
+    return dict(n_embd=n_head * r.choice([2, 4, 6]), n_head=n_head, n_layer=r.randint(1, 3), n_positions=64,
+                n_inner=r.choice([None, 10]), activation_function=r.choice(["gelu_new", "relu", "gelu"]),
+                layer_norm_epsilon=_eps(r), scale_attn_weights=r.random() < 0.8,
+                scale_attn_by_inverse_layer_idx=r.random() < 0.3, reorder_and_upcast_attn=r.random() < 0.3,
+                tie_word_embeddings=r.random() < 0.5)
+
+
+def _pythia(r: random.Random) -> dict[str, Any]:
+    n_head = r.choice([1, 2, 3, 4])
+    return dict(hidden_size=n_head * r.choice([4, 8]), num_attention_heads=n_head, num_hidden_layers=r.randint(1, 3),
+                intermediate_size=r.choice([6, 20]), rotary_pct=r.choice([0.25, 0.5, 1.0]),
+                rotary_emb_base=r.choice([10.0, 1e4]), use_parallel_residual=r.random() < 0.5,
+                attention_bias=r.random() < 0.8, layer_norm_eps=_eps(r), max_position_embeddings=64,
+                hidden_act=r.choice(["gelu", "relu"]), tie_word_embeddings=r.random() < 0.3)
+
+
+def _gemma2(r: random.Random) -> dict[str, Any]:
+    n_attn, n_kv, hd = _attention(r)
+    return dict(hidden_size=n_attn * r.choice([2, 4]), head_dim=hd, num_attention_heads=n_attn,
+                num_key_value_heads=n_kv, intermediate_size=r.choice([6, 20]), num_hidden_layers=r.randint(1, 3),
+                query_pre_attn_scalar=r.choice([hd, 3]), sliding_window=r.choice([2, 5, 64]),
+                attn_logit_softcapping=r.choice([None, 1.0, 20.0]), final_logit_softcapping=r.choice([None, 3.0]),
+                rms_norm_eps=_eps(r), max_position_embeddings=64, rope_parameters=_rope(r, partial=False))
+
+
 #: the HF classes of each family and the draw of its config fields
 _HF: dict[str, tuple[str, str, Callable[[random.Random], dict[str, Any]]]] = {
     "mamba": ("MambaConfig", "MambaForCausalLM", lambda r: _mamba1(r, "mamba")),
@@ -278,13 +311,16 @@ _HF: dict[str, tuple[str, str, Callable[[random.Random], dict[str, Any]]]] = {
     "bamba": ("BambaConfig", "BambaForCausalLM", _bamba),
     "jamba": ("JambaConfig", "JambaForCausalLM", _jamba),
     "zamba2": ("Zamba2Config", "Zamba2ForCausalLM", _zamba2),
-    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", lambda r: _nemotron_fix(_nemotron_h(r))),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", lambda r: _nemotron_fix(_nemotron_h(r), r)),
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM", _falcon_h1),
     "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", _granite),
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", _qwen3_next),
     "llama": ("LlamaConfig", "LlamaForCausalLM", _llama_like),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", _llama_like),
     "mistral": ("MistralConfig", "MistralForCausalLM", _llama_like),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", _gpt2),
+    "pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", _pythia),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", _gemma2),
 }
 
 #: every family :func:`draw` knows
@@ -292,22 +328,28 @@ FAMILIES: tuple[str, ...] = (*_HF, "llamba")
 VOCAB = 53
 
 
-def draw(family: str, seed: int) -> FuzzCase:
-    """A random small model of ``family`` and token rows for it, both from ``seed``."""
+def draw_fields(family: str, seed: int) -> tuple[int, int, dict[str, Any]]:
+    """``(batch, L, fields)`` of :func:`draw` without building the model (Llamba: its raw config's overrides)."""
     r = random.Random(f"{family}/{seed}")
     batch, L = _shape(r)
+    return batch, L, _llamba(r) if family == "llamba" else _HF[family][2](r)
+
+
+def draw(family: str, seed: int) -> FuzzCase:
+    """A random small model of ``family`` and token rows for it, both from ``seed``."""
+    batch, L, fields = draw_fields(family, seed)
     if family == "llamba":
         from gather_aggregate.adapters.llamba_testing import llamba_raw_config, random_llamba_state_dict
 
-        fields = _llamba(r)
         raw = llamba_raw_config(**fields)
         toks = torch.randint(0, int(raw["vocab_size"]), (batch, L), generator=torch.Generator().manual_seed(seed))
-        return FuzzCase(family, seed, None, toks, fields, raw, random_llamba_state_dict(raw, seed))
+        return FuzzCase(family, seed, None, toks, fields, raw=raw, state_dict=random_llamba_state_dict(raw, seed))
     import transformers
 
-    config_cls, model_cls, draw_fields = _HF[family]
-    fields = draw_fields(r)
-    config = getattr(transformers, config_cls)(vocab_size=VOCAB, **fields)
+    config_cls, model_cls, _ = _HF[family]
+    load_kwargs = {k: fields[k] for k in ("head_size",) if k in fields}
+    config = getattr(transformers, config_cls)(vocab_size=VOCAB, **{k: v for k, v in fields.items()
+                                                                    if k not in load_kwargs})
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"  # HF's grouped-matmul experts need 16-byte strides (odd widths fail)
     torch.manual_seed(seed)
@@ -318,7 +360,7 @@ def draw(family: str, seed: int) -> FuzzCase:
             if name.endswith("e_score_correction_bias"):
                 buf.copy_(0.3 * torch.randn(buf.shape, generator=g))
     toks = torch.randint(0, VOCAB, (batch, L), generator=torch.Generator().manual_seed(seed))
-    return FuzzCase(family, seed, hf, toks, fields)
+    return FuzzCase(family, seed, hf, toks, fields, load_kwargs)
 
 
 # ============================================================================ checks
@@ -397,7 +439,7 @@ def check_case(case: FuzzCase) -> dict[str, float]:
         ref = llamba_reference_logits(case.raw, case.state_dict, toks)
     else:
         before = param_checksum(case.hf)
-        model = from_hf_model(case.hf)
+        model = from_hf_model(case.hf, **case.load_kwargs)
         with torch.no_grad():
             o = case.hf(toks, use_cache=False, output_hidden_states=True, output_attentions=hasattr(model, "module"))
         ref, hidden = o.logits, o.hidden_states
@@ -433,6 +475,10 @@ def expected_refusals(case: FuzzCase) -> list[str]:
     if f.get("hidden_act") == "gelu" and case.family in ("bamba", "jamba", "falcon_h1", "granitemoehybrid",
                                                          "qwen3_next"):
         why.append("hidden_act")  # these families' SSM mixers apply hidden_act too (the conv / the gate)
+    if case.family == "gpt2" and not f["scale_attn_weights"]:
+        why.append("scale_attn_weights")  # TransformerLens' bridge always scales (gather_aggregate.bridge)
+    if case.family == "pythia" and not f["attention_bias"]:
+        why.append("attention_bias")  # TransformerLens' GPT-NeoX adapter needs the qkv bias
     if case.family == "nemotron_h":
         types = f["layers_block_type"]
         if types[0] in ("mlp", "moe"):
@@ -448,4 +494,5 @@ def over_limits(measured: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in measured.items() if not v <= LIMITS[k]}
 
 
-__all__ = ["FAMILIES", "LIMITS", "FuzzCase", "check_case", "draw", "expected_refusals", "over_limits"]
+__all__ = ["FAMILIES", "LIMITS", "FuzzCase", "check_case", "draw", "draw_fields", "expected_refusals",
+           "over_limits"]
