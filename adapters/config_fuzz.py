@@ -54,10 +54,15 @@ def _act(r: random.Random) -> str:
     return "gelu" if r.random() < 0.1 else "silu"
 
 
-def _rope(r: random.Random, partial: bool = True) -> dict[str, Any]:
+def _rope(r: random.Random, head_dim: int) -> dict[str, Any]:
+    """Default RoPE (base 10 to 5e5, a rotary share whose dims are even, or none stated; families whose HF attention
+    rotates the whole head ignore the share), or one draw in ten linear scaling (the hooked hybrids refuse it)."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": r.choice([10.0, 1e4, 5e5])}
-    if partial:
-        rope["partial_rotary_factor"] = r.choice([0.5, 1.0])
+    shares = [p for p in (0.25, 0.5, 1.0) if (head_dim * p) % 2 == 0]
+    if r.random() < 0.7:
+        rope["partial_rotary_factor"] = r.choice(shares)
+    if r.random() < 0.1:  # HF's linear init reads partial_rotary_factor where the attention does not: no share then
+        rope = {"rope_type": "linear", "rope_theta": rope["rope_theta"], "factor": 2.0}
     return rope
 
 
@@ -121,8 +126,7 @@ def _bamba(r: random.Random) -> dict[str, Any]:
                 mamba_proj_bias=r.random() < 0.5, attention_bias=r.random() < 0.5, mlp_bias=r.random() < 0.5,
                 hidden_act=_act(r), rms_norm_eps=_eps(r), tie_word_embeddings=r.random() < 0.5,
                 time_step_limit=r.choice([(0.0, float("inf")), (0.05, 0.6)]),
-                rope_parameters={"rope_type": "default", "rope_theta": r.choice([10.0, 1e4]),
-                                 "partial_rotary_factor": 0.5})
+                rope_parameters=_rope(r, hd))
 
 
 def _jamba(r: random.Random) -> dict[str, Any]:
@@ -153,6 +157,7 @@ def _zamba2(r: random.Random) -> dict[str, Any]:
                 n_mamba_heads=n_mamba, mamba_ngroups=groups, mamba_d_state=r.randint(1, 8),
                 mamba_d_conv=r.randint(1, 5), chunk_size=r.choice([1, 3, 16]), num_mem_blocks=r.randint(1, 3),
                 use_shared_attention_adapter=adapters, adapter_rank=r.randint(1, 3), use_mem_rope=r.random() < 0.5,
+                rope_parameters=_rope(r, 2 * d // n_attn),
                 use_long_context=r.random() < 0.3, hidden_act=r.choice(["gelu", "silu"]),
                 add_bias_linear=r.random() < 0.5, use_conv_bias=r.random() < 0.5, rms_norm_eps=_eps(r),
                 tie_word_embeddings=r.random() < 0.5, time_step_min=r.choice([0.001, 0.05]))
@@ -208,7 +213,7 @@ def _falcon_h1(r: random.Random) -> dict[str, Any]:
                 embedding_multiplier=u[0], lm_head_multiplier=u[1], key_multiplier=u[2],
                 attention_in_multiplier=u[3], attention_out_multiplier=u[4], ssm_in_multiplier=u[5],
                 ssm_out_multiplier=u[6], ssm_multipliers=u[7:12], mlp_multipliers=[u[12], u[0]],
-                time_step_limit=r.choice([(0.0, float("inf")), (0.05, 0.6)]), rope_parameters=_rope(r, partial=False))
+                time_step_limit=r.choice([(0.0, float("inf")), (0.05, 0.6)]), rope_parameters=_rope(r, hd))
 
 
 def _granite(r: random.Random) -> dict[str, Any]:
@@ -224,7 +229,7 @@ def _granite(r: random.Random) -> dict[str, Any]:
                 mamba_d_head=d_head, mamba_n_groups=groups, mamba_d_state=r.randint(1, 8),
                 mamba_d_conv=r.randint(1, 5), mamba_chunk_size=r.choice([1, 3, 16]), num_local_experts=n_exp,
                 num_experts_per_tok=r.randint(1, max(1, n_exp)), position_embedding_type=r.choice(["rope", None]),
-                rope_parameters=_rope(r, partial=False), embedding_multiplier=r.uniform(0.5, 8),
+                rope_parameters=_rope(r, hd), embedding_multiplier=r.uniform(0.5, 8),
                 residual_multiplier=r.uniform(0.2, 1.2), attention_multiplier=r.uniform(0.05, 1),
                 logits_scaling=r.uniform(0.5, 4), attention_bias=r.random() < 0.5,
                 hidden_act=_act(r), rms_norm_eps=_eps(r), tie_word_embeddings=r.random() < 0.5,
@@ -245,7 +250,7 @@ def _qwen3_next(r: random.Random) -> dict[str, Any]:
         shared_expert_intermediate_size=r.choice([4, 12]), decoder_sparse_step=r.choice([1, 2]),
         norm_topk_prob=r.random() < 0.5, mlp_only_layers=sorted(r.sample(range(n_layers), r.randint(0, 1))),
         attention_bias=r.random() < 0.5, rms_norm_eps=_eps(r), tie_word_embeddings=r.random() < 0.5,
-        hidden_act=_act(r), rope_parameters=_rope(r), num_hidden_layers=n_layers)
+        hidden_act=_act(r), rope_parameters=_rope(r, hd), num_hidden_layers=n_layers)
     f["num_experts_per_tok"] = r.randint(1, max(1, f["num_experts"]))
     if r.random() < 0.4:  # the layout from full_attention_interval (HF's default rule) or explicit
         f["full_attention_interval"] = r.randint(1, 3)
@@ -272,7 +277,7 @@ def _llama_like(r: random.Random) -> dict[str, Any]:
     n_attn, n_kv, hd = _attention(r)
     return dict(hidden_size=n_attn * r.choice([2, 3, 4]), head_dim=hd, num_attention_heads=n_attn,
                 num_key_value_heads=n_kv, intermediate_size=r.choice([6, 20]), num_hidden_layers=r.randint(1, 3),
-                rms_norm_eps=_eps(r), tie_word_embeddings=r.random() < 0.5, rope_parameters=_rope(r),
+                rms_norm_eps=_eps(r), tie_word_embeddings=r.random() < 0.5, rope_parameters=_rope(r, hd),
                 attention_bias=r.random() < 0.5, hidden_act=_act(r), max_position_embeddings=64)
 
 
@@ -300,7 +305,7 @@ def _gemma2(r: random.Random) -> dict[str, Any]:
                 num_key_value_heads=n_kv, intermediate_size=r.choice([6, 20]), num_hidden_layers=r.randint(1, 3),
                 query_pre_attn_scalar=r.choice([hd, 3]), sliding_window=r.choice([2, 5, 64]),
                 attn_logit_softcapping=r.choice([None, 1.0, 20.0]), final_logit_softcapping=r.choice([None, 3.0]),
-                rms_norm_eps=_eps(r), max_position_embeddings=64, rope_parameters=_rope(r, partial=False))
+                rms_norm_eps=_eps(r), max_position_embeddings=64, rope_parameters=_rope(r, hd))
 
 
 #: the HF classes of each family and the draw of its config fields
@@ -475,6 +480,10 @@ def expected_refusals(case: FuzzCase) -> list[str]:
     if f.get("hidden_act") == "gelu" and case.family in ("bamba", "jamba", "falcon_h1", "granitemoehybrid",
                                                          "qwen3_next"):
         why.append("hidden_act")  # these families' SSM mixers apply hidden_act too (the conv / the gate)
+    rope = f.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" and case.family in (
+            "bamba", "falcon_h1", "granitemoehybrid", "qwen3_next", "zamba2"):
+        why.append("rope_type")  # the hooked hybrids implement the default RoPE only
     if case.family == "gpt2" and not f["scale_attn_weights"]:
         why.append("scale_attn_weights")  # TransformerLens' bridge always scales (gather_aggregate.bridge)
     if case.family == "pythia" and not f["attention_bias"]:

@@ -191,3 +191,14 @@ def test_load_ssm_dispatches_hybrids_and_bf16_runs():
     ref = hf_hybrid_logits(hf, tokens)
     assert half.embed.weight.dtype == torch.bfloat16
     assert (half(tokens) - ref).abs().max().item() < 0.25  # bf16 is close, not exact
+
+
+@pytest.mark.parametrize("partial", [0.25, 0.5])
+def test_zamba2_rope_rotates_the_whole_head_whatever_partial_rotary_factor_says(partial):
+    """HF's Zamba2 attention rotates every channel of a head and never reads ``partial_rotary_factor``; a config
+    that carries one must not change our logits either (it did, by 0.12, until the config fuzz drew one)."""
+    hf = tiny_hf_hybrid("zamba2", seed=1, stress=True, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                        "partial_rotary_factor": partial})
+    tokens = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(1))
+    err = (load_hybrid(hf)(tokens) - hf_hybrid_logits(hf, tokens)).abs().max().item()
+    assert err <= TOL, err

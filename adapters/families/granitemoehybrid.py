@@ -41,7 +41,7 @@ def granite_config_from_hf(hf_config: Any) -> HybridConfig:
     """``HybridConfig`` (SSM half: Mamba-2) from a ``GraniteMoeHybridConfig``; multipliers in ``extra``."""
     g = hf_config.__getattribute__
     d_model, n_layers, n_attn, d_head = attention_dims(hf_config)
-    theta, partial = rope_of(hf_config)
+    theta, _ = rope_of(hf_config)  # HF's Granite rotates the whole head, whatever partial_rotary_factor says
     rope = getattr(hf_config, "position_embedding_type", None) == "rope"
     kinds = tuple("ssm" if t in ("mamba", "linear_attention") else "attn" for t in hf_config.layer_types)
     limit = getattr(hf_config, "time_step_limit", None) or (0.0, float("inf"))
@@ -56,7 +56,7 @@ def granite_config_from_hf(hf_config: Any) -> HybridConfig:
         hidden_act=str(g("hidden_act")), time_step_limit=(float(limit[0]), float(limit[1])),
         chunk_size=int(g("mamba_chunk_size")), layer_kinds=kinds, attn_n_heads=n_attn,
         attn_n_kv_heads=int(getattr(hf_config, "num_key_value_heads", None) or n_attn), attn_d_head=d_head,
-        attn_scale=float(g("attention_multiplier")), rotary_dim=int(d_head * partial) if rope else 0,
+        attn_scale=float(g("attention_multiplier")), rotary_dim=d_head if rope else 0,
         rope_theta=theta, qkv_bias=bool(getattr(hf_config, "attention_bias", False)),
         o_bias=bool(getattr(hf_config, "attention_bias", False)), d_mlp=int(g("intermediate_size")),
         mlp_act=str(g("hidden_act")), layer_experts=(max(n_exp, 1),) * n_layers,

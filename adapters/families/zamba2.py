@@ -63,7 +63,7 @@ def zamba2_config_from_hf(hf_config: Any) -> HybridConfig:
     d_model = int(g("hidden_size"))
     n_attn = int(g("num_attention_heads"))
     d_head = int(g("attention_head_dim"))
-    theta, partial = rope_of(hf_config)
+    theta, _ = rope_of(hf_config)  # HF's Zamba2 rotates the whole head, whatever partial_rotary_factor says
     d_inner = int(g("mamba_expand") * d_model)
     eps = float(g("rms_norm_eps"))
     return HybridConfig(
@@ -78,7 +78,7 @@ def zamba2_config_from_hf(hf_config: Any) -> HybridConfig:
         layer_kinds=kinds, attn_n_heads=n_attn, attn_n_kv_heads=int(getattr(hf_config, "num_key_value_heads", None)
                                                                     or n_attn),
         attn_d_head=d_head, attn_scale=(d_head / 2) ** -0.5,
-        rotary_dim=int(d_head * partial) if bool(g("use_mem_rope")) else 0, rope_theta=theta,
+        rotary_dim=d_head if bool(g("use_mem_rope")) else 0, rope_theta=theta,
         d_mlp=int(g("intermediate_size")), mlp_act=str(g("hidden_act")),
         hf_layer_types=tuple(hf_types), num_mem_blocks=int(g("num_mem_blocks")),
         adapter_rank=int(g("adapter_rank")), attn_adapters=bool(g("use_shared_attention_adapter")),
