@@ -4,7 +4,8 @@
 1 to the head count, conv kernels 1-5, bias toggles, Δ limits, norm epsilons, layouts with any layer kind first,
 last or everywhere, expert counts, μP multipliers, GQA, rotary share and base, prompts of length 1 to 40, batches
 of 1-3) and checks logits, residual hooks, attention patterns and implied attention (``check_case``).  Prints one
-line per failure, crash or refusal and a summary per family.  The default suite runs a few seeds of each
+line per failure, crash or refusal and a summary per family; a logit failure also says how far HF's own fp32 and ours
+are from HF's modeling code evaluated in float64 (``fp32_distances``).  The default suite runs a few seeds of each
 (``tests/test_config_fuzz.py``); ``-m slow`` runs more.
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python scripts/fuzz_configs.py --seeds 0 40 [--families mamba2 ...]
@@ -23,11 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from gather_aggregate.adapters.config_fuzz import (
-        FAMILIES,
+    from gather_aggregate.adapters.config_fuzz import FAMILIES, draw
+    from gather_aggregate.adapters.config_fuzz_check import (
         check_case,
-        draw,
         expected_refusals,
+        fp32_distances,
         over_limits,
     )
     from gather_aggregate.errors import UnsupportedModelError
@@ -61,8 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             over = over_limits(measured)
             if over or why:
                 bad += 1
+                yardstick = ""
+                if "logits" in over and case.hf is not None:  # formula or fp32 rounding? HF's own fp32 tells
+                    d = fp32_distances(case)
+                    yardstick = f"; from float64: HF fp32 {d['hf']:.1e}, ours {d['ours']:.1e}"
                 print(f"FAIL {family} seed {seed} tokens {tuple(case.tokens.shape)}: "
-                      f"{over or f'loaded although it should refuse ({why})'}; fields {case.fields}", flush=True)
+                      f"{over or f'loaded although it should refuse ({why})'}{yardstick}; fields {case.fields}",
+                      flush=True)
         total_bad += bad
         print(f"{family}: seeds {args.seeds[0]}-{args.seeds[1] - 1}: {bad} failed, {refused} refused as expected, "
               f"worst logit diff {worst:.1e}, {time.perf_counter() - t0:.0f} s", flush=True)

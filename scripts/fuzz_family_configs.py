@@ -27,36 +27,11 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 MODULES = ("test_nemotron_h", "test_falcon_h1", "test_granite_hybrid", "test_qwen3_next")
 
 
-def float64_logits(hf, toks):
-    """Logits of ``hf``'s architecture evaluated in float64 throughout (see the module docstring)."""
-    import copy
-    import types
-
-    import torch
-
-    mod = sys.modules[type(hf).__module__]
-    name = mod.__name__ + "_float64"
-    if name not in sys.modules:
-        src = Path(mod.__file__).read_text().replace("torch.float32", "torch.float64").replace(".float()", ".double()")
-        m64 = types.ModuleType(name)
-        m64.__dict__.update({"__package__": mod.__package__, "__file__": mod.__file__})
-        sys.modules[name] = m64
-        exec(compile(src, mod.__file__, "exec"), m64.__dict__)
-    cfg = copy.deepcopy(hf.config)
-    cfg._experts_implementation = "eager"  # the grouped-matmul experts take no float64
-    model = getattr(sys.modules[name], type(hf).__name__)(cfg).eval()
-    model.load_state_dict(hf.state_dict())
-    model = model.double()
-    for m in model.modules():
-        if hasattr(m, "config"):
-            m.config._experts_implementation = "eager"
-    with torch.no_grad():
-        return model(toks, use_cache=False).logits
-
-
 def distances(suite, hf, toks) -> str:
     """Max abs distance of our fp32 logits (each implementation the suite checks) and HF's from float64."""
     import torch
+
+    from gather_aggregate.adapters.config_fuzz_check import float64_logits
 
     truth = float64_logits(hf, toks)
     model = suite.load(hf)

@@ -6,7 +6,10 @@ layouts with attention or an MLP first, last or everywhere, expert counts and to
 share and base, prompts of length 1 to 40, batches of 1-3).  Each case must match its reference (logits and
 residual hooks to 1e-4 in fp32, transformer patterns and ``hook_z`` to 1e-4, implied attention equal to its oracle
 to 1e-5 of its largest entry), or be refused with one ``UnsupportedModelError`` line naming a field the adapters
-refuse by design.  Four seeds per family in the default suite; ``-m slow`` draws 40 fresh ones per family.
+refuse by design.  A case over 1e-4 in its logits alone is an expected failure (xfail, with the numbers) only where
+HF's own fp32 logits miss HF's modeling code evaluated in float64 by more than 1e-4 too, and ours are no more than
+twice as far from it: there the tolerance is below fp32 rounding.  Four seeds per family in the default suite;
+``-m slow`` draws 40 fresh ones per family.
 """
 
 from __future__ import annotations
@@ -14,20 +17,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.adapters.config_fuzz import (
-    FAMILIES,
+from gather_aggregate.adapters.config_fuzz import FAMILIES, draw, draw_fields
+from gather_aggregate.adapters.config_fuzz_check import (
+    TOL,
     check_case,
-    draw,
-    draw_fields,
     expected_refusals,
+    fp32_distances,
     over_limits,
 )
 from gather_aggregate.errors import UnsupportedModelError
-
-#: drawn cases over 1e-4 against HF's fp32 logits whose cause is fp32 rounding, not a formula: on each, HF's own
-#: fp32 logits are measured against HF's module run in float64 (``scripts/fuzz_family_configs.py``'s float64
-#: evaluation) and are themselves about as far from it (numbers in the reason)
-FP32_ROUNDING: dict[tuple[str, int], str] = {}
 
 
 def run_case(family: str, seed: int) -> None:
@@ -41,7 +39,15 @@ def run_case(family: str, seed: int) -> None:
         assert "\n" not in msg and any(w in msg for w in why), (why, msg)
         return
     measured = check_case(case)
-    assert not over_limits(measured), f"{family} seed {seed} {tuple(case.tokens.shape)}: {measured}; {case.fields}"
+    over = over_limits(measured)
+    if set(over) == {"logits"} and case.hf is not None:
+        # formula or fp32 rounding?  Both fp32 computations against HF's modeling code evaluated in float64: where
+        # HF's own fp32 misses it by more than the tolerance, 1e-4 is below fp32 rounding for this configuration
+        d = fp32_distances(case)
+        if d["hf"] > TOL and d["ours"] <= 2 * d["hf"]:
+            pytest.xfail(f"below fp32 rounding: ours {measured['logits']:.1e} from HF's fp32; from float64 HF's fp32 "
+                         f"{d['hf']:.1e}, ours {d['ours']:.1e}")
+    assert not over, f"{family} seed {seed} {tuple(case.tokens.shape)}: {measured}; {case.fields}"
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -54,8 +60,6 @@ def test_drawn_configs_match_their_reference(family, seed):
 @pytest.mark.parametrize("seed", range(100, 140))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_many_drawn_configs_match_their_reference(family, seed):
-    if (family, seed) in FP32_ROUNDING:
-        pytest.xfail(FP32_ROUNDING[family, seed])
     run_case(family, seed)
 
 

@@ -1,0 +1,192 @@
+"""How a drawn configuration (:mod:`.config_fuzz`) is checked against its reference, and how far fp32 can get.
+
+:func:`check_case` measures one case (see :data:`LIMITS`); :func:`expected_refusals` names the drawn fields the
+adapters refuse by design; :func:`float64_logits` evaluates an HF model's own modeling code in float64, the yardstick
+that tells a formula difference from fp32 rounding when a case misses 1e-4 (:func:`fp32_distances`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gather_aggregate.adapters.config_fuzz import FuzzCase
+
+TOL = 1e-4
+#: what each measured quantity may reach: logits and hooks max abs diff (hooks as ``assert_close`` with atol = rtol =
+#: 1e-4, so a residual of size 100 may differ by 1e-2), implied attention relative to its largest entry
+LIMITS: dict[str, float] = {"logits": TOL, "resid": TOL, "pattern": TOL, "hook_z": TOL, "implied": 1e-5,
+                            "rows": 1e-5}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b| / (1 + |b|)``: at most ``TOL`` when ``assert_close(a, b, atol=TOL, rtol=TOL)`` holds."""
+    return float(((a.double() - b.double()).abs() / (1.0 + b.double().abs())).max())
+
+
+def _oracle(mixer: Any, cache: Any, prefix: str) -> torch.Tensor:
+    """The reference (sequential / formula) implied attention of every head of ``mixer`` from its hooks."""
+    from gather_aggregate.adapters.delta_rule import delta_implied_reference, prepare_qk
+    from gather_aggregate.adapters.discrete_mamba2 import DiscreteMamba2Mixer
+    from gather_aggregate.adapters.gated_deltanet import GatedDeltaNetMixer
+    from gather_aggregate.adapters.implied import mamba1_implied_reference, mamba2_implied_reference
+    from gather_aggregate.adapters.mixers import Mamba1Mixer
+
+    def hook(name: str) -> torch.Tensor:
+        return cache[f"{prefix}.hook_{name}"]
+
+    if isinstance(mixer, GatedDeltaNetMixer):
+        q, k = prepare_qk(hook("q"), hook("k"), mixer.n_v)
+        return delta_implied_reference(q, k, hook("g"), hook("beta"))
+    if isinstance(mixer, DiscreteMamba2Mixer):
+        return mamba2_implied_reference(hook("dt"), mixer.A(), hook("B"), hook("C"), dt_scaling=False)
+    if isinstance(mixer, Mamba1Mixer):  # per channel, averaged over a head's channels
+        alpha = mamba1_implied_reference(hook("dt"), mixer.A(), hook("B"), hook("C"))
+        return alpha.unflatten(1, (-1, mixer.cfg.d_head)).mean(2)
+    return mamba2_implied_reference(hook("dt"), mixer.A(), hook("B"), hook("C"))
+
+
+def _implied(model: Any, cache: Any) -> dict[str, float]:
+    """Every SSM layer's implied attention (the fast path ``model.pattern``) against its oracle, and the final query
+    row asked alone (``rows=-1``) against the full matrix's; both relative to the oracle's largest entry."""
+    names = {id(m): n for n, m in model.named_modules()}
+    worst = {"implied": 0.0, "rows": 0.0}
+    for info in model.layers:
+        heads = info.heads_of("ssm")
+        if not heads:
+            continue
+        mixer = model.ssm_mixer(info.index)
+        ref = _oracle(mixer, cache, names[id(mixer)]).double()
+        scale = float(ref.abs().max()) or 1.0
+        fast = model.pattern(cache, info.index, heads=heads)
+        last = model.pattern(cache, info.index, heads=heads, rows=-1)[:, :, 0]
+        worst["implied"] = max(worst["implied"], float((fast.double() - ref).abs().max()) / scale)
+        worst["rows"] = max(worst["rows"], float((last - fast[:, :, -1]).abs().max()) / scale)
+    return worst if any(i.heads_of("ssm") for i in model.layers) else {}
+
+
+def check_case(case: FuzzCase) -> dict[str, float]:
+    """Measure one drawn case (see :data:`LIMITS`): logits against HF (Llamba: against its sequential oracle), the
+    residual stream at each layer's input against HF's hidden states (where layers map one to one), attention
+    patterns and ``hook_z`` against HF (transformers), implied attention against its oracle (SSM layers); HF's
+    weights must come back untouched.  Raises the loader's error where the config is refused."""
+    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.protocol import param_checksum
+
+    toks, out = case.tokens, {}
+    hidden: Any = None
+    if case.family == "llamba":
+        import tempfile
+
+        from gather_aggregate.adapters.llamba import load_llamba
+        from gather_aggregate.adapters.llamba_testing import llamba_reference_logits, save_llamba_checkpoint
+
+        assert case.raw is not None and case.state_dict is not None
+        with tempfile.TemporaryDirectory() as d:
+            model = load_llamba(save_llamba_checkpoint(d, case.raw, case.state_dict))
+        ref = llamba_reference_logits(case.raw, case.state_dict, toks)
+    else:
+        before = param_checksum(case.hf)
+        model = from_hf_model(case.hf, **case.load_kwargs)
+        with torch.no_grad():
+            o = case.hf(toks, use_cache=False, output_hidden_states=True, output_attentions=hasattr(model, "module"))
+        ref, hidden = o.logits, o.hidden_states
+        if param_checksum(case.hf) != before:
+            raise AssertionError("loading changed the HF model's weights")
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(toks)
+    if float(ref.abs().max()) < 0.1:
+        raise AssertionError("degenerate reference logits")
+    out["logits"] = float((logits - ref[..., :logits.shape[-1]]).abs().max())
+    blocks = getattr(model, "blocks", None)
+    if hidden is not None and blocks is not None and len(blocks) == len(hidden) - 1:
+        # HF's first hidden state is the embedding (most families) or the first layer's output (Mamba, Mamba-2)
+        shift = 0 if _close(cache["blocks.0.hook_resid_pre"], hidden[0]) <= TOL else 1
+        errs = [_close(cache[f"blocks.{i}.hook_resid_pre"], hidden[i - shift]) for i in range(1, len(blocks))]
+        if errs:
+            out["resid"] = max(errs)
+    if hasattr(model, "module"):  # a transformer through the bridge: patterns and the o_proj input
+        from gather_aggregate.testing import hf_head_inputs
+
+        out["pattern"] = max(float((model.pattern(cache, i) - a).abs().max()) for i, a in enumerate(o.attentions))
+        out["hook_z"] = max(_close(cache[model.head_hook(i)[0]].flatten(2), hf_head_inputs(case.hf, toks, i))
+                            for i in range(len(o.attentions)))
+    if hasattr(model, "ssm_mixer"):
+        out.update(_implied(model, cache))
+    return out
+
+
+def expected_refusals(case: FuzzCase) -> list[str]:
+    """What the loader's :class:`~gather_aggregate.errors.UnsupportedModelError` on ``case`` may name: the drawn
+    fields the adapters refuse by design (empty: the case must load and pass)."""
+    f, why = case.fields, []
+    if f.get("hidden_act") == "gelu" and case.family in ("bamba", "jamba", "falcon_h1", "granitemoehybrid",
+                                                         "qwen3_next"):
+        why.append("hidden_act")  # these families' SSM mixers apply hidden_act too (the conv / the gate)
+    rope = f.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" and case.family in (
+            "bamba", "falcon_h1", "granitemoehybrid", "qwen3_next", "zamba2"):
+        why.append("rope_type")  # the hooked hybrids implement the default RoPE only
+    if case.family == "gpt2" and not f["scale_attn_weights"]:
+        why.append("scale_attn_weights")  # TransformerLens' bridge always scales (gather_aggregate.bridge)
+    if case.family == "pythia" and not f["attention_bias"]:
+        why.append("attention_bias")  # TransformerLens' GPT-NeoX adapter needs the qkv bias
+    if case.family == "nemotron_h":
+        types = f["layers_block_type"]
+        if types[0] in ("mlp", "moe"):
+            why.append("must be Mamba or attention")
+        n_exp, n_group = f["n_routed_experts"], f["n_group"]
+        if "moe" in types and (n_exp % n_group or n_exp // n_group < 2 or f["topk_group"] > n_group):
+            why.append("n_group")
+    return why
+
+
+def over_limits(measured: dict[str, float]) -> dict[str, float]:
+    """The measured quantities above their :data:`LIMITS` (empty when the case passes)."""
+    return {k: v for k, v in measured.items() if not v <= LIMITS[k]}
+
+
+def float64_logits(hf: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of ``hf``'s architecture evaluated in float64 throughout: HF's modeling module re-executed with every
+    ``torch.float32`` / ``.float()`` cast made float64 (HF upcasts its internals only to fp32, so HF's model cast to
+    float64 is not a float64 evaluation), the same weights."""
+    import copy
+    import types
+
+    mod = sys.modules[type(hf).__module__]
+    name = mod.__name__ + "_float64"
+    if name not in sys.modules:
+        path = str(mod.__file__)
+        src = Path(path).read_text().replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+        m64 = types.ModuleType(name)
+        m64.__dict__.update({"__package__": mod.__package__, "__file__": path})
+        sys.modules[name] = m64
+        exec(compile(src, path, "exec"), m64.__dict__)
+    cfg = copy.deepcopy(hf.config)
+    cfg._experts_implementation = "eager"  # the grouped-matmul experts take no float64
+    model = getattr(sys.modules[name], type(hf).__name__)(cfg).eval()
+    model.load_state_dict(hf.state_dict())
+    model = model.double()
+    for m in model.modules():
+        if hasattr(m, "config"):
+            m.config._experts_implementation = "eager"
+    with torch.no_grad():
+        out: torch.Tensor = model(tokens, use_cache=False).logits
+    return out
+
+
+def fp32_distances(case: FuzzCase) -> dict[str, float]:
+    """Max abs distance from :func:`float64_logits` of HF's fp32 logits (``"hf"``) and ours (``"ours"``)."""
+    from gather_aggregate.loading import from_hf_model
+
+    truth = float64_logits(case.hf, case.tokens)
+    with torch.no_grad():
+        got = {"hf": case.hf(case.tokens, use_cache=False).logits,
+               "ours": from_hf_model(case.hf, **case.load_kwargs)(case.tokens)}
+    return {k: float((v.double() - truth).abs().max()) for k, v in got.items()}
+
+
+__all__ = ["LIMITS", "TOL", "check_case", "expected_refusals", "float64_logits", "fp32_distances", "over_limits"]
