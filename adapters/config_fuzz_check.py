@@ -18,8 +18,8 @@ from gather_aggregate.adapters.config_fuzz import FuzzCase
 TOL = 1e-4
 #: what each measured quantity may reach: logits and hooks max abs diff (hooks as ``assert_close`` with atol = rtol =
 #: 1e-4, so a residual of size 100 may differ by 1e-2), implied attention relative to its largest entry
-LIMITS: dict[str, float] = {"logits": TOL, "resid": TOL, "pattern": TOL, "hook_z": TOL, "implied": 1e-5,
-                            "rows": 1e-5}
+LIMITS: dict[str, float] = {"logits": TOL, "resid": TOL, "head_out": TOL, "pattern": TOL, "hook_z": TOL,
+                            "implied": 1e-5, "rows": 1e-5}
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -70,14 +70,16 @@ def _implied(model: Any, cache: Any) -> dict[str, float]:
 
 def check_case(case: FuzzCase) -> dict[str, float]:
     """Measure one drawn case (see :data:`LIMITS`): logits against HF (Llamba: against its sequential oracle), the
-    residual stream at each layer's input against HF's hidden states (where layers map one to one), attention
-    patterns and ``hook_z`` against HF (transformers), implied attention against its oracle (SSM layers); HF's
+    residual stream at each layer's input against HF's hidden states (where layers map one to one), each SSM
+    mixer's ``hook_head_out`` against the input of HF's ``out_proj`` there, attention patterns and ``hook_z``
+    against HF (transformers), implied attention against its oracle (SSM layers); HF's
     weights must come back untouched.  Raises the loader's error where the config is refused."""
     from gather_aggregate.loading import from_hf_model
     from gather_aggregate.protocol import param_checksum
 
     toks, out = case.tokens, {}
     hidden: Any = None
+    hf_heads: list[torch.Tensor] = []
     if case.family == "llamba":
         import tempfile
 
@@ -91,8 +93,17 @@ def check_case(case: FuzzCase) -> dict[str, float]:
     else:
         before = param_checksum(case.hf)
         model = from_hf_model(case.hf, **case.load_kwargs)
-        with torch.no_grad():
-            o = case.hf(toks, use_cache=False, output_hidden_states=True, output_attentions=hasattr(model, "module"))
+        # the input of each SSM mixer's out_proj in HF's forward: what our ssm.hook_head_out must hold
+        out_projs = [m for n, m in case.hf.named_modules() if n.endswith("out_proj") and ".layers." in n
+                     and any(k in n for k in ("mixer.", "mamba.", "linear_attn."))]
+        handles = [m.register_forward_pre_hook(lambda _m, a: hf_heads.append(a[0].detach())) for m in out_projs]
+        try:
+            with torch.no_grad():
+                o = case.hf(toks, use_cache=False, output_hidden_states=True,
+                            output_attentions=hasattr(model, "module"))
+        finally:
+            for h in handles:
+                h.remove()
         ref, hidden = o.logits, o.hidden_states
         if param_checksum(case.hf) != before:
             raise AssertionError("loading changed the HF model's weights")
@@ -116,6 +127,9 @@ def check_case(case: FuzzCase) -> dict[str, float]:
                             for i in range(len(o.attentions)))
     if hasattr(model, "ssm_mixer"):
         out.update(_implied(model, cache))
+        ours = [v for k, v in cache.items() if k.endswith("ssm.hook_head_out")]
+        if ours and len(ours) == len(hf_heads):
+            out["head_out"] = max(_close(a.flatten(2), b) for a, b in zip(ours, hf_heads))
     return out
 
 
