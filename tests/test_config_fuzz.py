@@ -3,14 +3,13 @@
 ``gather_aggregate.adapters.config_fuzz`` draws the fields the family tests hold fixed (odd widths, head sizes that
 are not powers of two, ``n_groups`` up to the head count, conv kernels 1-5, bias toggles, Δ limits, norm epsilons,
 layouts with attention or an MLP first, last or everywhere, expert counts and top-k, μP multipliers, GQA, rotary
-share and base, prompts of length 1 to 40, batches of 1-3).  Each case must match its reference (logits and
-residual hooks to 1e-4 in fp32, transformer patterns and ``hook_z`` to 1e-4, implied attention equal to its oracle
+share and base, prompts of length 1 to 40, batches of 1-3).  Each case must match its reference (logits, the
+residual hooks and the SSM head hooks to 1e-4 in fp32, transformer patterns and ``hook_z`` to 1e-4, implied attention equal to its oracle
 to 1e-5 of its largest entry), or be refused with one ``UnsupportedModelError`` line naming a field the adapters
 refuse by design.  A case over 1e-4 in its logits (and perhaps the residual or head hooks inside the stack, which
 carry the same rounding) is an expected failure (xfail, with the numbers) only where HF's own fp32 logits miss HF's
 modeling code evaluated in float64 by more than 1e-4 too, and ours are no more than twice as far from it: there the
-tolerance is below fp32 rounding.  Four seeds per family in the default suite;
-``-m slow`` draws 40 fresh ones per family.
+tolerance is below fp32 rounding.  Four seeds per family in the default suite; ``-m slow`` draws 40 more per family.
 """
 
 from __future__ import annotations
