@@ -32,17 +32,21 @@ from gather_aggregate.protocol import LayerInfo, ProtocolMixin
 DISTRACTORS = ("prev", "uniform", "sink", "self", "first_line")
 
 
-class CircuitModel(HookedPatterns, HookedRootModule, ProtocolMixin):
-    def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, fmt: str = "kv",
-                 read: str = "delim", values: list[str] | None = None, beta: float = 60.0, gain: float = 30.0,
-                 noise: float = 0.02):
+class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
+    """The forward every planted model shares: per layer, each head's role (``heads[layer][head]``) picks its
+    pattern, from the per-row rules a subclass's :meth:`_rules` computes (``aggregate`` attends by content), and
+    writes its block of the residual as the module docstring says.  Subclasses give :meth:`_rules` and
+    :meth:`_embed`."""
+
+    #: cosine instead of dot-product Aggregate scores (keys of several tokens put several ones in ``Q``)
+    normalize_scores = False
+
+    def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, beta: float = 60.0,
+                 gain: float = 30.0, noise: float = 0.02):
         super().__init__()
-        self.tokenizer, self.heads_spec, self.kinds, self.fmt, self.read = tokenizer, heads, kinds, fmt, read
+        self.tokenizer, self.heads_spec, self.kinds = tokenizer, heads, kinds
         self.V = self.d_vocab = len(tokenizer)
         self.beta, self.gain, self.noise = beta, gain, noise
-        self.newline = tokenizer.convert_tokens_to_ids("\n")
-        self.colon = tokenizer.convert_tokens_to_ids(":")
-        self.value_ids = set(tokenizer.convert_tokens_to_ids(list(values or [])))
         self.n_ctx = None
         n = max(len(h) for h in heads)
         self.n_gather = sum(r == "gather" for layer in heads for r in layer)
@@ -66,6 +70,71 @@ class CircuitModel(HookedPatterns, HookedRootModule, ProtocolMixin):
     @property
     def layers(self) -> list[LayerInfo]:
         return self._layers
+
+    def _rules(self, toks: list[int]) -> dict[str, Tensor]:  # pragma: no cover - abstract
+        """Role -> ``[L, L]`` pattern of one row of tokens."""
+        raise NotImplementedError
+
+    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:  # pragma: no cover - abstract
+        """The residual ``[batch, pos, 4V]`` before the first layer."""
+        raise NotImplementedError
+
+    def _tail(self, L: int) -> Tensor:
+        idx = torch.arange(L)
+        d = (idx[:, None] - idx[None]).float()
+        return torch.where(d > 0, 0.1 * 0.5 ** (d - 1), torch.zeros(())).clamp_min(0)
+
+    def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
+        tokens = self.validate_tokens(tokens)
+        V = self.V
+        rules = [self._rules(row.tolist()) for row in tokens]
+        x = self.hook_embed(self._embed(tokens, rules))  # [b, L, 4V]
+        B, L = tokens.shape
+        causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
+        for i, spec in enumerate(self.heads_spec):
+            pats = []
+            for role in spec:
+                if role == "aggregate":
+                    q, c = x[..., 2 * V:3 * V], x[..., V:2 * V]
+                    if self.normalize_scores:
+                        q, c = nn.functional.normalize(q, dim=-1), nn.functional.normalize(c, dim=-1)
+                    s = self.beta * torch.einsum("bqv,bkv->bqk", q, c)
+                    p = s.masked_fill(~causal, float("-inf")).softmax(-1)
+                else:
+                    p = torch.stack([r[role if role in r else "sink"] for r in rules])
+                pats.append(p)
+            pat = torch.stack(pats, 1)  # [b, h, q, k]
+            if self.kinds[i] == "ssm":
+                pat = pat + self._tail(L)
+            pat = self.hooks_pattern[i](pat)
+            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
+            z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))  # [b, q, h, V]
+            out = torch.zeros_like(x)
+            for h, role in enumerate(spec):
+                zh = z[:, :, h]
+                if role == "gather":
+                    out[..., V:2 * V] += zh / self.n_gather
+                elif role == "aggregate":
+                    out[..., 3 * V:] += zh / self.n_agg
+                elif role == "keymover":
+                    out[..., 2 * V:3 * V] += zh
+                else:
+                    out[..., 3 * V:] += self.noise * zh
+            x = x + out
+        return self.gain * x[..., 3 * V:]
+
+
+class CircuitModel(PlantedModel):
+    """Segments found in the tokens of two fixed formats: ``k : v \\n`` lines (``fmt="kv"``) or MQAR pairs."""
+
+    def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, fmt: str = "kv",
+                 read: str = "delim", values: list[str] | None = None, beta: float = 60.0, gain: float = 30.0,
+                 noise: float = 0.02):
+        super().__init__(tokenizer, heads, kinds, beta=beta, gain=gain, noise=noise)
+        self.fmt, self.read = fmt, read
+        self.newline = tokenizer.convert_tokens_to_ids("\n")
+        self.colon = tokenizer.convert_tokens_to_ids(":")
+        self.value_ids = set(tokenizer.convert_tokens_to_ids(list(values or [])))
 
     # ---- token structure ----------------------------------------------------------------------------------
     def _segments(self, toks: list[int]) -> list[tuple[int, int, int]]:
@@ -119,7 +188,7 @@ class CircuitModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         return pats
 
     # ---- forward ----------------------------------------------------------------------------------------------
-    def _embed(self, tokens: Tensor) -> Tensor:
+    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
         B, L = tokens.shape
         V = self.V
         x = torch.zeros(B, L, 4 * V)
@@ -129,58 +198,16 @@ class CircuitModel(HookedPatterns, HookedRootModule, ProtocolMixin):
             x[:, off:, 2 * V:3 * V] = nn.functional.one_hot(tokens[:, : L - off], V).float()
         return x
 
-    def _tail(self, L: int) -> Tensor:
-        idx = torch.arange(L)
-        d = (idx[:, None] - idx[None]).float()
-        return torch.where(d > 0, 0.1 * 0.5 ** (d - 1), torch.zeros(())).clamp_min(0)
 
-    def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
-        tokens = self.validate_tokens(tokens)
-        V = self.V
-        x = self.hook_embed(self._embed(tokens))
-        rules = [self._rules(row.tolist()) for row in tokens]
-        B, L = tokens.shape
-        causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
-        for i, spec in enumerate(self.heads_spec):
-            pats = []
-            for role in spec:
-                if role == "aggregate":
-                    s = self.beta * torch.einsum("bqv,bkv->bqk", x[..., 2 * V:3 * V], x[..., V:2 * V])
-                    p = s.masked_fill(~causal, float("-inf")).softmax(-1)
-                else:
-                    p = torch.stack([r[role if role in r else "sink"] for r in rules])
-                pats.append(p)
-            pat = torch.stack(pats, 1)  # [b, h, q, k]
-            if self.kinds[i] == "ssm":
-                pat = pat + self._tail(L)
-            pat = self.hooks_pattern[i](pat)
-            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
-            z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))  # [b, q, h, V]
-            out = torch.zeros_like(x)
-            for h, role in enumerate(spec):
-                zh = z[:, :, h]
-                if role == "gather":
-                    out[..., V:2 * V] += zh / self.n_gather
-                elif role == "aggregate":
-                    out[..., 3 * V:] += zh / self.n_agg
-                elif role == "keymover":
-                    out[..., 2 * V:3 * V] += zh
-                else:
-                    out[..., 3 * V:] += self.noise * zh
-            x = x + out
-        return self.gain * x[..., 3 * V:]
-
-
-def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int,
-          keymover: bool, read: str, kind: str = "attn", seed: int = 0) -> tuple[CircuitModel, set, set]:
-    """A planted model: Gather heads in one layer, Aggregate heads in a later one, the key-mover (if any) in layer
-    0, distractors everywhere else.  Returns the model and the true Gather and Aggregate heads."""
-    import random
-
-    rng = random.Random(seed)
+def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int, keymover: bool,
+                kind: str, distractors: tuple[str, ...] = DISTRACTORS) -> tuple[list[list[str]], list[str], set, set]:
+    """Gather heads in one layer, Aggregate heads in a later one (drawn with ``rng``), the key-mover (if any) in
+    layer 0, distractors everywhere else; ``kind="ssm"`` makes the Gather and Aggregate layers SSM layers.
+    Returns the roles per layer, the layer kinds, and the true Gather and Aggregate heads."""
     g_layer = rng.randrange(0, depth - 1)
     a_layer = rng.randrange(g_layer + 1, depth)
     spec = [[""] * heads_per_layer for _ in range(depth)]
+
     def place(layer: int, role: str, k: int) -> list[tuple[int, int]]:
         free = [h for h in range(heads_per_layer) if not spec[layer][h]]
         picks = rng.sample(free, k)
@@ -194,10 +221,21 @@ def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int
     for layer in spec:
         for h in range(heads_per_layer):
             if not layer[h]:
-                layer[h] = rng.choice(DISTRACTORS)
+                layer[h] = rng.choice(distractors)
     kinds = ["attn"] * depth
     if kind == "ssm":
         kinds[g_layer] = kinds[a_layer] = "ssm"
+    return spec, kinds, set(gather), set(agg)
+
+
+def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int,
+          keymover: bool, read: str, kind: str = "attn", seed: int = 0) -> tuple[CircuitModel, set, set]:
+    """A planted model: Gather heads in one layer, Aggregate heads in a later one, the key-mover (if any) in layer
+    0, distractors everywhere else.  Returns the model and the true Gather and Aggregate heads."""
+    import random
+
+    spec, kinds, gather, agg = place_roles(random.Random(seed), heads_per_layer=heads_per_layer, depth=depth,
+                                           n_gather=n_gather, n_agg=n_agg, keymover=keymover, kind=kind)
     fmt = "mqar" if read == "pair" else "kv"
     model = CircuitModel(tokenizer, spec, kinds, fmt=fmt, read=read, values=values)
-    return model, set(gather), set(agg)
+    return model, gather, agg

@@ -29,12 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from planted import HookedPatterns
+from planted_circuit import PlantedModel, place_roles
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin
 from gather_aggregate.tasks.base import PromptSpec, annotate
 
 DISTRACTORS = ("prev", "uniform", "sink", "self")
@@ -145,40 +142,16 @@ def spec_and_truth(fmt: Fmt, index: int, keys: list[str], values: list[str], fil
     return spec, truth
 
 
-class FormatModel(HookedPatterns, HookedRootModule, ProtocolMixin):
+class FormatModel(PlantedModel):
     """The planted model of the module docstring; :meth:`register` gives it a prompt's true structure."""
+
+    normalize_scores = True
 
     def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, beta: float = 60.0,
                  gain: float = 30.0, noise: float = 0.02):
-        super().__init__()
-        self.tokenizer, self.heads_spec, self.kinds = tokenizer, heads, kinds
-        self.V = self.d_vocab = len(tokenizer)
-        self.beta, self.gain, self.noise = beta, gain, noise
+        super().__init__(tokenizer, heads, kinds, beta=beta, gain=gain, noise=noise)
         self.pad = tokenizer.pad_token_id
-        self.n_ctx = None
-        n = max(len(h) for h in heads)
-        self.n_gather = sum(r == "gather" for layer in heads for r in layer)
-        self.n_agg = sum(r == "aggregate" for layer in heads for r in layer)
-        self.has_keymover = any("keymover" in layer for layer in heads)
-        self._layers = [LayerInfo(i, kinds[i], n, self.V, f"blocks.{i}.attn.hook_z") for i in range(len(heads))]
-        self.hook_embed = HookPoint()
-        self.hooks_pattern = nn.ModuleList([HookPoint() for _ in heads])
-        self.hooks_z = nn.ModuleList([HookPoint() for _ in heads])
-        self.dummy = nn.Parameter(torch.zeros(1))
-        self.setup()
-        renamed = {"hook_embed": self.hook_embed}
-        for i in range(len(heads)):
-            for hp, name in ((self.hooks_pattern[i], "attn.hook_pattern"), (self.hooks_z[i], "attn.hook_z")):
-                hp.name = f"blocks.{i}.{name}"
-                renamed[hp.name] = hp
-        self.hook_dict = renamed
-        self.mod_dict = dict(renamed)
         self.truths: dict[tuple[int, ...], Truth] = {}
-        self._cache: dict[tuple[int, ...], dict[str, Tensor]] = {}
-
-    @property
-    def layers(self) -> list[LayerInfo]:
-        return self._layers
 
     def register(self, ids: list[int], truth: Truth) -> None:
         """Use ``truth`` for every row whose tokens start with ``ids`` (after any leading padding)."""
@@ -239,81 +212,24 @@ class FormatModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         self._cache[key] = pats
         return pats
 
-    def _tail(self, L: int) -> Tensor:
-        idx = torch.arange(L)
-        d = (idx[:, None] - idx[None]).float()
-        return torch.where(d > 0, 0.1 * 0.5 ** (d - 1), torch.zeros(())).clamp_min(0)
-
-    def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
-        tokens = self.validate_tokens(tokens)
-        V = self.V
+    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
         B, L = tokens.shape
-        rules = [self._rules(row.tolist()) for row in tokens]
+        V = self.V
         x = torch.zeros(B, L, 4 * V)
         x[..., :V] = nn.functional.one_hot(tokens, V).float()
         if not self.has_keymover:
             x[..., 2 * V:3 * V] = torch.stack([r["qembed"] for r in rules])
-        x = self.hook_embed(x)
-        causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
-        for i, spec in enumerate(self.heads_spec):
-            pats = []
-            for role in spec:
-                if role == "aggregate":
-                    qn = nn.functional.normalize(x[..., 2 * V:3 * V], dim=-1)
-                    cn = nn.functional.normalize(x[..., V:2 * V], dim=-1)
-                    s = self.beta * torch.einsum("bqv,bkv->bqk", qn, cn)
-                    p = s.masked_fill(~causal, float("-inf")).softmax(-1)
-                else:
-                    p = torch.stack([r[role] for r in rules])
-                pats.append(p)
-            pat = torch.stack(pats, 1)
-            if self.kinds[i] == "ssm":
-                pat = pat + self._tail(L)
-            pat = self.hooks_pattern[i](pat)
-            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
-            z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))
-            out = torch.zeros_like(x)
-            for h, role in enumerate(spec):
-                zh = z[:, :, h]
-                if role == "gather":
-                    out[..., V:2 * V] += zh / self.n_gather
-                elif role == "aggregate":
-                    out[..., 3 * V:] += zh / self.n_agg
-                elif role == "keymover":
-                    out[..., 2 * V:3 * V] += zh
-                else:
-                    out[..., 3 * V:] += self.noise * zh
-            x = x + out
-        return self.gain * x[..., 3 * V:]
+        return x
 
 
 def build(tokenizer: Any, *, heads_per_layer: int = 4, depth: int = 2, n_gather: int = 1, n_agg: int = 1,
           keymover: bool = True, kind: str = "attn", seed: int = 0) -> tuple[FormatModel, set, set]:
     """Gather heads in one layer, Aggregate heads in a later one (drawn with ``seed``), the key-mover (if any) in
     layer 0, distractors elsewhere; returns the model and the true Gather and Aggregate heads."""
-    rng = random.Random(seed)
-    g_layer = rng.randrange(0, depth - 1)
-    a_layer = rng.randrange(g_layer + 1, depth)
-    spec = [[""] * heads_per_layer for _ in range(depth)]
-
-    def place(layer: int, role: str, k: int) -> list[tuple[int, int]]:
-        free = [h for h in range(heads_per_layer) if not spec[layer][h]]
-        picks = rng.sample(free, k)
-        for h in picks:
-            spec[layer][h] = role
-        return [(layer, h) for h in picks]
-    if keymover:
-        place(0, "keymover", 1)
-    gather = place(g_layer, "gather", n_gather)
-    agg = place(a_layer, "aggregate", n_agg)
-    for layer in spec:
-        for h in range(heads_per_layer):
-            if not layer[h]:
-                layer[h] = rng.choice(DISTRACTORS)
-    kinds = ["attn"] * depth
-    if kind == "ssm":
-        kinds[g_layer] = kinds[a_layer] = "ssm"
-    return FormatModel(tokenizer, spec, kinds), set(gather), set(agg)
+    spec, kinds, gather, agg = place_roles(random.Random(seed), heads_per_layer=heads_per_layer, depth=depth,
+                                           n_gather=n_gather, n_agg=n_agg, keymover=keymover, kind=kind,
+                                           distractors=DISTRACTORS)
+    return FormatModel(tokenizer, spec, kinds), gather, agg
 
 
 def world(bos: bool = False, n_keys: int = 64, n_values: int = 64) -> tuple[Any, Any]:
