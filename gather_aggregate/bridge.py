@@ -48,6 +48,7 @@ def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, 
     from transformer_lens.utilities.attn_implementation import force_eager_attention
 
     force_eager_attention(hf_model)
+    hf_config = _with_norm_eps(hf_config)
     if tokenizer is not None and not getattr(tokenizer, "init_kwargs", {}).get("name_or_path"):
         tokenizer = None
     tokenizer = copy.deepcopy(tokenizer)
@@ -64,6 +65,22 @@ def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, 
     return bridge
 
 
+#: the config fields TransformerLens 4.3 reads a norm epsilon from (in this order; anything else: its 1e-5)
+_TL_EPS_FIELDS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+
+
+def _with_norm_eps(hf_config: Any) -> Any:
+    """``hf_config``, or a copy with ``layer_norm_epsilon`` set from ``norm_epsilon`` where TransformerLens would
+    find no epsilon: Starcoder2 spells it ``norm_epsilon``, and TL's bridge then normalises with 1e-5 (the config
+    fuzz: logits 1.6 from HF's at ``norm_epsilon=0.01``, 2.4e-4 at 1e-6)."""
+    eps = getattr(hf_config, "norm_epsilon", None)
+    if eps is None or any(getattr(hf_config, f, None) is not None for f in _TL_EPS_FIELDS):
+        return hf_config
+    hf_config = copy.deepcopy(hf_config)
+    hf_config.layer_norm_epsilon = eps
+    return hf_config
+
+
 #: Architectures TransformerLens 4.3's bridge wraps but not exactly for this toolkit, and why.
 INEXACT_ARCHITECTURES: dict[str, str] = {
     "BloomForCausalLM": "a forward resumed at a layer (start_at_layer, which exact head scans and patching use) "
@@ -71,13 +88,30 @@ INEXACT_ARCHITECTURES: dict[str, str] = {
 }
 
 
-#: Config values (by ``model_type``: field, value) TransformerLens 4.3's bridge does not reproduce, and why; found
-#: by the config fuzz (``adapters/config_fuzz.py``), no released checkpoint of these families sets them.
+#: Config values (by ``model_type``: field, value, why) TransformerLens 4.3's bridge does not reproduce, found by the
+#: config fuzz (``adapters/config_fuzz.py``).  ``value`` is the refused value, or a test of the config (``get(field)``
+#: -> bool) whose ``why`` then also says what loads.  Of these, OPT's post-LN layout (OPT-350m) and Falcon's new
+#: decoder layout with grouped KV heads or one LayerNorm (Falcon-40B, -180B, Falcon2-11B) are in released checkpoints.
 INEXACT_CONFIGS: dict[str, list[tuple[str, Any, str]]] = {
     "gpt2": [("scale_attn_weights", False, "always divides the attention scores by sqrt(d_head), so the logits "
               "would differ from HF's")],
     "gpt_neox": [("attention_bias", False, "requires the query_key_value bias (it fails inside TransformerLens "
                   "without one)")],
+    "phi": [("qk_layernorm", True, "does not apply Phi's q/k LayerNorms (it refuses to wrap the attention)")],
+    "gemma3_text": [("attn_logit_softcapping", lambda get: get("attn_logit_softcapping") is not None,
+                     "does not soft-cap Gemma 3's attention scores (logits 0.8 to 3.3 from HF's at a cap of 1.0); "
+                     "only checkpoints with attn_logit_softcapping=None, as every released Gemma 3, load")],
+    "opt": [("do_layer_norm_before", False, "requires the pre-LayerNorm layout and its final LayerNorm (it fails "
+             "inside TransformerLens on the post-LN layout of OPT-350m)"),
+            ("_remove_final_layer_norm", True, "requires the decoder's final LayerNorm (it fails inside "
+             "TransformerLens without one)")],
+    "falcon": [("new_decoder_architecture", lambda get: bool(get("new_decoder_architecture")) and (
+        get("parallel_attn") is False or get("num_ln_in_parallel_attn") == 1
+        or (get("num_kv_heads") or get("num_attention_heads")) != 1),
+        "reproduces the new decoder layout only with one KV head, parallel attention and its two LayerNorms "
+        "ln_attn and ln_mlp (one KV head per query head: logits 0.15 and 0.24 from HF's; grouped KV heads as "
+        "Falcon-40B, parallel_attn=False, or num_ln_in_parallel_attn=1 as Falcon2-11B: it fails inside "
+        "TransformerLens); only checkpoints with num_kv_heads=1, parallel_attn=True and two LayerNorms load")],
 }
 
 
@@ -90,8 +124,11 @@ def refuse_inexact(archs: Sequence[str], config: Any = None) -> None:
                 f"{arch} is not supported: in TransformerLens 4.3's bridge {INEXACT_ARCHITECTURES[arch]}; use a "
                 "decoder such as GPT2LMHeadModel, GPTNeoXForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM")
     get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
-    for field, value, why in INEXACT_CONFIGS.get(str(get("model_type")), []):
-        if config is not None and get(field) == value:
+    for field, value, why in INEXACT_CONFIGS.get(str(get("model_type")), []) if config is not None else []:
+        if callable(value) and value(get):
+            raise UnsupportedModelError(f"{get('model_type')} with {field}={get(field)!r} is not supported: "
+                                        f"TransformerLens 4.3's bridge {why}")
+        if not callable(value) and get(field) == value:
             raise UnsupportedModelError(
                 f"{get('model_type')} with {field}={value!r} is not supported: TransformerLens 4.3's bridge {why}; "
                 f"only checkpoints with the family's usual {field}={not value!r} load")
