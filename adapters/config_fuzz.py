@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from gather_aggregate.adapters.config_fuzz_bridge import BRIDGE_HF
 from gather_aggregate.adapters.families_testing import stress_weights
 
 
@@ -326,6 +327,7 @@ _HF: dict[str, tuple[str, str, Callable[[random.Random], dict[str, Any]]]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _gpt2),
     "pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", _pythia),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", _gemma2),
+    **BRIDGE_HF,
 }
 
 #: every family :func:`draw` knows

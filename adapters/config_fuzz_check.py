@@ -161,6 +161,15 @@ def expected_refusals(case: FuzzCase) -> list[str]:
         why.append("scale_attn_weights")  # TransformerLens' bridge always scales (gather_aggregate.bridge)
     if case.family == "pythia" and not f["attention_bias"]:
         why.append("attention_bias")  # TransformerLens' GPT-NeoX adapter needs the qkv bias
+    if case.family == "phi" and f["qk_layernorm"]:
+        why.append("qk_layernorm")  # TL's Phi adapter has no q/k norms
+    if case.family == "gemma3" and f["attn_logit_softcapping"] is not None:
+        why.append("attn_logit_softcapping")  # TL's Gemma 3 attention does not soft-cap
+    if case.family == "opt":
+        why += [k for k, v in (("do_layer_norm_before", False), ("_remove_final_layer_norm", True)) if f[k] == v]
+    if case.family == "falcon" and f["new_decoder_architecture"] and (
+            not f["parallel_attn"] or f.get("num_ln_in_parallel_attn") == 1 or f["num_kv_heads"] != 1):
+        why.append("new_decoder_architecture")  # TL's Falcon adapter: one KV head, ln_attn and ln_mlp there
     if case.family == "nemotron_h":
         types = f["layers_block_type"]
         if types[0] in ("mlp", "moe"):
