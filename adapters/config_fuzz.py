@@ -6,7 +6,8 @@ checkpoint may set and a hand-picked test config does not: odd widths, head size
 ``n_groups`` from 1 to ``n_heads``, conv kernels 1-5, bias toggles, Δ limits, norm epsilons, layouts with attention
 (or an MLP) first or last or everywhere, expert counts and top-k, μP multipliers, GQA ratios, rotary share and
 base, chunk sizes that do not divide the prompt, prompts of length 1 and 2, and batches of 1-3.  Weights are
-redrawn far from HF's gentle initialisation (``families_testing.stress_weights``).
+redrawn far from HF's gentle initialisation (``families_testing.stress_weights``).  The draws of the transformer
+families beyond Llama, Qwen3, Mistral, GPT-2, Pythia and Gemma-2 live in :mod:`.config_fuzz_bridge`.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _gemma3(r: random.Random) -> dict[str, Any]:
 def _phi(r: random.Random) -> dict[str, Any]:
     n, kv, hd = _gqa(r, (4, 6, 8, 12))
     return dict(hidden_size=n * hd, num_attention_heads=n, num_key_value_heads=kv, intermediate_size=r.choice([6, 20]),
-                rope_parameters=_rope(r, hd, partial=True), qk_layernorm=r.random() < 0.5,
+                rope_parameters=_rope(r, hd, partial=True), qk_layernorm=r.random() < 0.25,
                 hidden_act=r.choice(["gelu_new", "gelu", "relu"]), layer_norm_eps=_eps(r), **_common(r))
 
 

@@ -3,7 +3,8 @@
 ``gather_aggregate.adapters.config_fuzz`` draws the fields the family tests hold fixed (odd widths, head sizes that
 are not powers of two, ``n_groups`` up to the head count, conv kernels 1-5, bias toggles, Δ limits, norm epsilons,
 layouts with attention or an MLP first, last or everywhere, expert counts and top-k, μP multipliers, GQA, rotary
-share and base, prompts of length 1 to 40, batches of 1-3).  Each case must match its reference (logits, the
+share and base, sliding windows shorter than the prompt, parallel or sequential blocks, qk-norm, OPT's embedding
+projection, Falcon's decoder layouts, prompts of length 1 to 40, batches of 1-3).  Each case must match its reference (logits, the
 residual hooks and the SSM head hooks to 1e-4 in fp32, transformer patterns and ``hook_z`` to 1e-4, implied attention equal to its oracle
 to 1e-5 of its largest entry), or be refused with one ``UnsupportedModelError`` line naming a field the adapters
 refuse by design.  A case over 1e-4 in its logits (and perhaps the residual or head hooks inside the stack, which
@@ -64,3 +65,24 @@ def test_the_draws_reach_the_fields_the_family_tests_hold_fixed():
     assert any(c["attn_layer_indices"] == list(range(c["num_hidden_layers"])) for c in fields["bamba"])
     assert {draw_fields("mamba", s)[1] for s in range(200)} >= {1, 2, 40}
     assert any(draw_fields("mamba", s)[0] == 3 for s in range(200))
+
+
+def test_the_bridge_draws_reach_what_the_family_tests_hold_fixed():
+    """Sliding windows shorter than the prompt on sliding layers, OPT's projection to a narrower embedding,
+    Falcon's new decoder layout on a loadable config, GPT-J rotating part of a head, Phi rotating part of a head
+    and GPT-OSS with one expert: each is drawn, and not only as a refusal."""
+    def drawn(family):
+        for s in range(200):
+            batch, L, f = draw_fields(family, s)
+            yield L, f
+
+    assert any(f["sliding_window"] < L and "sliding_attention" in f["layer_types"]
+               for fam in ("gemma3", "cohere2", "gpt_oss") for L, f in drawn(fam))
+    assert any(f["word_embed_proj_dim"] != f["hidden_size"] and f["do_layer_norm_before"]
+               and not f["_remove_final_layer_norm"] for _, f in drawn("opt"))
+    assert any(f["new_decoder_architecture"] and f["parallel_attn"] and f["num_kv_heads"] == 1
+               and f["num_ln_in_parallel_attn"] != 1 for _, f in drawn("falcon"))
+    assert any(f["rotary_dim"] < f["n_embd"] // f["n_head"] for _, f in drawn("gptj"))
+    assert any(f["rope_parameters"]["partial_rotary_factor"] < 1 and not f["qk_layernorm"] for _, f in drawn("phi"))
+    assert any(f["num_local_experts"] == 1 for _, f in drawn("gpt_oss"))
+
