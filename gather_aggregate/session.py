@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -49,7 +50,9 @@ def _root(model: Any) -> Any:
 @contextlib.contextmanager
 def eval_mode(model: Any) -> Iterator[None]:
     """Run the body with every module of ``model`` in eval mode, then put each ``training`` flag back as it was
-    (also after any exception, ``KeyboardInterrupt`` included).  Anything that is not a module is left alone."""
+    (also after any exception, ``KeyboardInterrupt`` included).  The switch goes through ``train(False)`` of the
+    model (and of a bridge's unregistered ``original_model``) and back through ``train(flag)``, so a model that
+    overrides ``train()`` sees both.  Anything that is not a module is left alone."""
     import torch
 
     root = _root(model)
@@ -60,12 +63,19 @@ def eval_mode(model: Any) -> Iterator[None]:
     owners = [root, *(v for v in vars(root).values() if isinstance(v, torch.nn.Module))]
     modules = list({id(m): m for owner in owners for m in owner.modules()}.values())
     flags = [m.training for m in modules]
+    owner_flags = [o.training for o in owners]
+    switched = any(flags)
     try:
-        if any(flags):
-            for m in modules:
+        if switched:
+            for o in owners:  # through each owner's own train(): a model that overrides it sees the switch
+                o.train(False)
+            for m in modules:  # and whatever such an override left in train mode
                 m.training = False
         yield
     finally:
+        if switched:
+            for o, flag in zip(owners, owner_flags, strict=True):
+                o.train(flag)
         for m, flag in zip(modules, flags, strict=True):
             m.training = flag
 
@@ -101,6 +111,11 @@ def outside_inference_mode() -> Iterator[None]:
 def analysis(fn: F) -> F:
     """Decorate a public entry point whose first argument is the model: it runs in :func:`eval_mode` and outside
     ``torch.inference_mode()`` (nested entry points nest harmlessly).  Autograd, where an analysis needs it, is :func:`gradients`' business."""
+
+    if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        # the eval-mode and inference-mode scopes would close when the generator is made, before its body runs
+        raise TypeError(f"@analysis cannot wrap {fn.__qualname__}: a generator or coroutine runs after the call "
+                        "returns; wrap a function that returns its result")
 
     @functools.wraps(fn)
     def inner(model: Any, *args: Any, **kwargs: Any) -> Any:
