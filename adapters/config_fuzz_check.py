@@ -249,7 +249,8 @@ def fp32_bound(case: FuzzCase, over: dict[str, float]) -> str | None:
     d = fp32_distances(case)
     if "logits" in over and d["ours"] > max(TOL, 2 * d["hf"], 2 * d["hf_jitter"]):
         return None
-    if "logits" not in over and over.get("head_out", 0.0) > 2 * d["hf_jitter_heads"]:
+    # the head hooks are held to HF's jitter also where the logits are over: a misplaced hook is not rounding
+    if over.get("head_out", 0.0) > 2 * d["hf_jitter_heads"]:
         return None
     if "logits" not in over and "resid" in over:
         return None

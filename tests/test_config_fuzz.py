@@ -86,3 +86,18 @@ def test_the_bridge_draws_reach_what_the_family_tests_hold_fixed():
     assert any(f["rope_parameters"]["partial_rotary_factor"] < 1 and not f["qk_layernorm"] for _, f in drawn("phi"))
     assert any(f["num_local_experts"] == 1 for _, f in drawn("gpt_oss"))
 
+
+
+def test_fp32_bound_holds_the_head_hooks_to_hfs_jitter_also_where_the_logits_are_over(monkeypatch):
+    """Logits within the fp32 yardstick excuse no head-hook miss beyond twice how far HF's own head inputs move
+    under the jitter: a hook off by 0.5 is a formula (or placement) difference, not rounding."""
+    from gather_aggregate.adapters import config_fuzz_check
+
+    case = draw("zamba2", 0)
+    d = {"ours": 2e-4, "hf": 3e-4, "hf_jitter": 1e-4, "hf_jitter_heads": 1e-4}
+    monkeypatch.setattr(config_fuzz_check, "fp32_distances", lambda c: d)
+    assert fp32_bound(case, {"logits": 2e-4}) is not None  # as close to float64 as HF's fp32: rounding
+    assert fp32_bound(case, {"logits": 2e-4, "head_out": 1.5e-4}) is not None  # within twice HF's jitter
+    assert fp32_bound(case, {"logits": 2e-4, "head_out": 0.5}) is None
+    assert fp32_bound(case, {"head_out": 0.5}) is None
+    assert fp32_bound(case, {"logits": 2e-4, "pattern": 1e-3}) is None  # patterns never qualify
