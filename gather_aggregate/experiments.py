@@ -190,6 +190,7 @@ def _sweep_shard(model: HookedModel, shard: tuple[int, list[list[tuple[int, int]
     return rows
 
 
+@analysis
 def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, head_sets: Sequence[Sequence[tuple[int, int]]],
                    method: str = "zero", reference: Any = None, *, per_position: bool = True, seed: int = 0,
                    out: str | Path | None = None, resume: bool = False, ray_address: str | None = None,

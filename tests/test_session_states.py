@@ -134,7 +134,7 @@ def _flags(model):
 def test_train_mode_with_dropout_gives_eval_results_and_leaves_every_flag_as_it_was(family):
     """A bridge model left in .train() with dropout ran every analysis with dropout: each call gave other numbers.
     Now analyses run in eval mode and put each module's flag back, after errors and interrupts too."""
-    from gather_aggregate import attribution, interventions, patching, scan
+    from gather_aggregate import attribution, experiments, interventions, patching, scan
     from gather_aggregate.loading import from_hf_model
     from gather_aggregate.testing import tiny_gpt2, tiny_llama
 
@@ -152,6 +152,7 @@ def test_train_mode_with_dropout_gives_eval_results_and_leaves_every_flag_as_it_
                                                       progress=False)),
         "ablated": lambda: interventions.run_ablated(model, tokens, heads).tolist(),
         "pattern": lambda: model.pattern(tokens, 1).tolist(),
+        "sweep": lambda: experiments.ablation_sweep(model, tokens, _metric, [heads, heads[:1]]),
     }
     want = {k: f() for k, f in calls.items()}  # eval mode, as loaded
     model.train()
