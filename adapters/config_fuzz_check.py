@@ -217,8 +217,9 @@ def float64_logits(hf: Any, tokens: torch.Tensor) -> torch.Tensor:
 def fp32_distances(case: FuzzCase) -> dict[str, float]:
     """How far fp32 gets on ``case``: max abs distance from :func:`float64_logits` of HF's fp32 logits (``"hf"``)
     and ours (``"ours"``), and how far HF's own fp32 logits move when every weight is multiplied by ``1 + 1e-7 ε``
-    (``"hf_jitter"``, ε standard normal: about one rounding of each weight); ``"hf_jitter_heads"``: how far the
-    SSM mixers' ``out_proj`` inputs move then (measured as ``LIMITS["head_out"]`` is)."""
+    (``"hf_jitter"``, ε standard normal: about one rounding of each weight); ``"hf_jitter_heads"`` and
+    ``"hf_jitter_resid"``: how far the SSM mixers' ``out_proj`` inputs and HF's hidden states move then (measured
+    as ``LIMITS["head_out"]`` and ``LIMITS["resid"]`` are)."""
     import copy
 
     from gather_aggregate.loading import from_hf_model
@@ -229,12 +230,14 @@ def fp32_distances(case: FuzzCase) -> dict[str, float]:
     with torch.no_grad():
         for p in jittered.parameters():
             p.mul_(1 + 1e-7 * torch.randn(p.shape, generator=g))
-        out, heads = _hf_forward(case.hf, case.tokens)
+        out, heads = _hf_forward(case.hf, case.tokens, output_hidden_states=True)
         got = {"hf": out.logits, "ours": from_hf_model(case.hf, **case.load_kwargs)(case.tokens)}
-    j_out, j_heads = _hf_forward(jittered, case.tokens)
+    j_out, j_heads = _hf_forward(jittered, case.tokens, output_hidden_states=True)
+    hidden = zip(j_out.hidden_states or (), out.hidden_states or ())
     return {**{k: float((v.double() - truth).abs().max()) for k, v in got.items()},
             "hf_jitter": float((j_out.logits - out.logits).abs().max()),
-            "hf_jitter_heads": max((_close(a, b) for a, b in zip(j_heads, heads)), default=0.0)}
+            "hf_jitter_heads": max((_close(a, b) for a, b in zip(j_heads, heads)), default=0.0),
+            "hf_jitter_resid": max((_close(a, b) for a, b in hidden), default=0.0)}
 
 
 def fp32_bound(case: FuzzCase, over: dict[str, float]) -> str | None:
@@ -242,21 +245,23 @@ def fp32_bound(case: FuzzCase, over: dict[str, float]) -> str | None:
 
     Only logits and the residual and head hooks (which carry the same rounding) qualify.  Logits qualify where ours
     are within ``max(TOL, 2 · HF's distance, 2 · HF's jitter)`` of HF's modeling code evaluated in float64, as close
-    to the formula as fp32 gets on this configuration; head hooks where they are within twice how far HF's own move
-    under the jitter (:func:`fp32_distances`)."""
+    to the formula as fp32 gets on this configuration; head hooks and the residual stream where they are within
+    twice how far HF's own move under the jitter (:func:`fp32_distances`); the residual stream only beside the
+    logits."""
     if not over or not set(over) <= {"logits", "resid", "head_out"} or case.hf is None:
         return None
     d = fp32_distances(case)
     if "logits" in over and d["ours"] > max(TOL, 2 * d["hf"], 2 * d["hf_jitter"]):
         return None
     # the head hooks are held to HF's jitter also where the logits are over: a misplaced hook is not rounding
-    if over.get("head_out", 0.0) > 2 * d["hf_jitter_heads"]:
+    if over.get("head_out", 0.0) > 2 * d["hf_jitter_heads"] or over.get("resid", 0.0) > 2 * d["hf_jitter_resid"]:
         return None
     if "logits" not in over and "resid" in over:
         return None
     return (f"fp32 rounding: {', '.join(f'{k} {v:.1e}' for k, v in over.items())} from HF's fp32; from float64 "
             f"ours {d['ours']:.1e}, HF's fp32 {d['hf']:.1e}; HF's logits move {d['hf_jitter']:.1e}, its head inputs "
-            f"{d['hf_jitter_heads']:.1e}, when its weights are jittered by 1e-7")
+            f"{d['hf_jitter_heads']:.1e}, its hidden states {d['hf_jitter_resid']:.1e}, when its weights are jittered "
+            "by 1e-7")
 
 
 __all__ = ["LIMITS", "TOL", "check_case", "expected_refusals", "float64_logits", "fp32_bound", "fp32_distances",

@@ -88,16 +88,19 @@ def test_the_bridge_draws_reach_what_the_family_tests_hold_fixed():
 
 
 
-def test_fp32_bound_holds_the_head_hooks_to_hfs_jitter_also_where_the_logits_are_over(monkeypatch):
-    """Logits within the fp32 yardstick excuse no head-hook miss beyond twice how far HF's own head inputs move
-    under the jitter: a hook off by 0.5 is a formula (or placement) difference, not rounding."""
+def test_fp32_bound_holds_the_hooks_to_hfs_jitter_also_where_the_logits_are_over(monkeypatch):
+    """Logits within the fp32 yardstick excuse no head-hook or residual miss beyond twice how far HF's own head
+    inputs or hidden states move under the jitter: a hook off by 0.5 is a formula (or placement) difference, not
+    rounding."""
     from gather_aggregate.adapters import config_fuzz_check
 
     case = draw("zamba2", 0)
-    d = {"ours": 2e-4, "hf": 3e-4, "hf_jitter": 1e-4, "hf_jitter_heads": 1e-4}
+    d = {"ours": 2e-4, "hf": 3e-4, "hf_jitter": 1e-4, "hf_jitter_heads": 1e-4, "hf_jitter_resid": 1e-4}
     monkeypatch.setattr(config_fuzz_check, "fp32_distances", lambda c: d)
     assert fp32_bound(case, {"logits": 2e-4}) is not None  # as close to float64 as HF's fp32: rounding
     assert fp32_bound(case, {"logits": 2e-4, "head_out": 1.5e-4}) is not None  # within twice HF's jitter
     assert fp32_bound(case, {"logits": 2e-4, "head_out": 0.5}) is None
     assert fp32_bound(case, {"head_out": 0.5}) is None
+    assert fp32_bound(case, {"logits": 2e-4, "resid": 1.5e-4}) is not None
+    assert fp32_bound(case, {"logits": 2e-4, "resid": 0.5}) is None  # a residual stream off by 0.5 is no rounding
     assert fp32_bound(case, {"logits": 2e-4, "pattern": 1e-3}) is None  # patterns never qualify
