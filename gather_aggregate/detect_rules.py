@@ -34,7 +34,6 @@ nothing and says so.
 from __future__ import annotations
 
 import statistics
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +49,7 @@ from gather_aggregate.detect_evidence import (
     parse_read,
     pattern_evidence,
 )
-from gather_aggregate.errors import GAWarning, InputError
+from gather_aggregate.errors import GAWarning, InputError, warn
 from gather_aggregate.protocol import Head, HookedModel
 
 NAME_MIN = 0.25
@@ -82,10 +81,10 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
     try:
         check_readable(examples, read_used)
     except InputError:
-        warnings.warn(GAWarning(
+        warn(GAWarning(
             f"no segment can be read at {read_used!r} (each segment is one token, or has no token before that "
             "position), so no Gather head can be looked for; annotate segments of two or more tokens (e.g. the "
-            "whole 'key: value' line) to find Gather heads"), stacklevel=3)
+            "whole 'key: value' line) to find Gather heads"))
     prober = Prober(model, examples, batch_size=batch_size)
     kinds = {hd: r["kind"] for hd, r in heads.items()}
     for r in heads.values():
@@ -165,11 +164,11 @@ def warn_gaps(examples: Sequence[Any]) -> None:
         segs = sorted(e.segments, key=lambda sg: sg.start)
         gaps = [(a.label, b.start - a.end) for a, b in zip(segs, segs[1:]) if b.start > a.end]
         if gaps:
-            warnings.warn(GAWarning(
+            warn(GAWarning(
                 f"example {i}: its segments leave {sum(n for _, n in gaps)} token(s) between them (first after "
                 f"segment {gaps[0][0]!r}); Gather heads are ablated and Aggregate heads credited only on the "
                 "segments' own tokens, so a head that writes or reads there is missed: let each segment cover "
-                "its separator (e.g. a line's '\\n')"), stacklevel=3)
+                "its separator (e.g. a line's '\\n')"))
             return
 
 

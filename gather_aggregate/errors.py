@@ -67,3 +67,17 @@ class GAWarning(UserWarning):
 
 class UnknownTokenWarning(GAWarning):
     """A task's prompts tokenise to many unknown tokens: the model cannot read them, so its accuracy means little."""
+
+
+def warn(warning: Warning) -> None:
+    """``warnings.warn(warning)`` attributed to the user's line: the first frame outside this package, however many
+    of its frames (an entry point's ``@analysis`` wrapper, helpers) lie between, so a notebook shows its own cell."""
+    import os
+    import sys
+    import warnings
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(warning, stacklevel=level)

@@ -338,4 +338,4 @@ def _warn_unknown(requests: list[Any], lm: GatherAggregateLM) -> None:
         seen.add((task, text))
         by_task[task].append(lm.tok_encode(text))
     for task, ids in by_task.items():
-        warn_if_unknown(task, ids, lm.tokenizer, stacklevel=4)
+        warn_if_unknown(task, ids, lm.tokenizer)

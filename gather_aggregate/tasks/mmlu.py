@@ -39,13 +39,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gather_aggregate.errors import TaskError
+from gather_aggregate.errors import GAWarning, TaskError, warn
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 from gather_aggregate.tasks.facts import LETTERS
 
@@ -165,8 +164,8 @@ def load_mmlu(source: str | os.PathLike[str] = "auto", *, split: str = "test",
                 if src == "hub":
                     raise TaskError(f"could not load cais/mmlu ({type(err).__name__}: {err}); "
                                     "pass a local MMLU file or source='sample'") from None
-                warnings.warn(f"cais/mmlu unavailable ({type(err).__name__}); using the shipped sample",
-                              stacklevel=2)
+                warn(GAWarning(f"cais/mmlu unavailable ({type(err).__name__}); using the shipped sample (pass "
+                               "source='sample' to choose it, or a local MMLU file)"))
                 items = items_from_rows(json.loads(SAMPLE_PATH.read_text(encoding="utf-8")),
                                         "the shipped MMLU sample")
     elif src == "sample":

@@ -13,11 +13,10 @@ no unknown token (``unk_token_id is None``): the fraction is 0.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gather_aggregate.errors import UnknownTokenWarning
+from gather_aggregate.errors import UnknownTokenWarning, warn
 
 #: warn when more than this share of a task's tokens are unknown
 UNKNOWN_THRESHOLD = 0.05
@@ -40,16 +39,15 @@ def unknown_fraction(token_lists: Iterable[Sequence[int]], unk_id: int | None) -
 
 
 def warn_if_unknown(task: str, token_lists: Iterable[Sequence[int]], tokenizer: Any, *,
-                    threshold: float = UNKNOWN_THRESHOLD, stacklevel: int = 3) -> float:
+                    threshold: float = UNKNOWN_THRESHOLD) -> float:
     """Warn (:class:`UnknownTokenWarning`) when more than ``threshold`` of ``task``'s tokens are unknown.
 
     Returns the fraction.
     """
     frac, total = unknown_fraction(token_lists, unk_id_of(tokenizer))
     if total and frac > threshold:
-        warnings.warn(
+        warn(UnknownTokenWarning(
             f"task {task!r}: {frac:.0%} of its {total} tokens are unknown to the tokenizer "
             f"(> {threshold:.0%}); the model cannot read these prompts, so the accuracy says little. "
-            "Use a task written in the model's vocabulary (e.g. the facts-based MMLU set for the zoo)",
-            UnknownTokenWarning, stacklevel=stacklevel)
+            "Use a task written in the model's vocabulary (e.g. the facts-based MMLU set for the zoo)"))
     return frac
