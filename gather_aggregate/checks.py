@@ -62,10 +62,24 @@ def names(x: Any, what: str, allowed: Sequence[str] | None = None) -> list[str]:
     return list(x)
 
 
+def is_encoding(x: Any) -> bool:
+    """Whether ``x`` is a tokenizer's output (a ``BatchEncoding`` or any mapping with ``input_ids``)."""
+    from collections.abc import Mapping
+
+    return isinstance(x, Mapping) and "input_ids" in x
+
+
 def token_tensor(tokens: Any) -> Any:
-    """``tokens`` as a tensor (a tensor passes through; nested lists of ints are converted), or one clear line."""
+    """``tokens`` as a tensor (a tensor passes through; nested lists of ints are converted; a tokenizer's output
+    gives its ``input_ids`` when nothing in it is padding), or one clear line."""
     import torch
 
+    if is_encoding(tokens):
+        mask = tokens.get("attention_mask")
+        if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
+            raise InputError("the tokenizer's output has padding (attention_mask has zeros): pass the texts to "
+                             "model.to_tokens(...) instead, or one prompt's input_ids at a time")
+        tokens = tokens["input_ids"]
     if isinstance(tokens, torch.Tensor):
         return tokens
     try:
@@ -81,4 +95,4 @@ def is_cache(x: Any) -> bool:
     array) and text are never taken for a cache."""
     from collections.abc import Mapping
 
-    return isinstance(x, Mapping) or hasattr(x, "cache_dict")
+    return (isinstance(x, Mapping) and not is_encoding(x)) or hasattr(x, "cache_dict")

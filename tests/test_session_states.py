@@ -233,6 +233,13 @@ def test_pattern_and_to_str_tokens_take_a_prompt_in_every_form(worlds, name):
         assert model.to_str_tokens(form) == want_str, type(form)
     with pytest.raises(InputError, match="one prompt"):
         model.to_str_tokens(["a:b\n", "c:d\n"])
+    # a tokenizer's own output (a BatchEncoding, a mapping) was taken for a cache: "the cache has no ..."
+    enc = model.tokenizer("a:b\nc:d\n", return_tensors="pt", add_special_tokens=True)
+    assert torch.equal(enc["input_ids"], ids2)  # to_tokens follows the tokenizer's own special tokens
+    assert torch.equal(model.pattern(enc, 0), want_pattern) and model.to_str_tokens(enc) == want_str
+    padded = model.tokenizer(["a:b\nc:d\n", "a"], return_tensors="pt", padding=True)
+    with pytest.raises(InputError, match="has padding.*to_tokens"):
+        model.pattern(padded, 0)
 
 
 # ---- the user's own hooks -------------------------------------------------------------------------------------
