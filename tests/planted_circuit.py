@@ -72,12 +72,29 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         return self._layers
 
     def _rules(self, toks: list[int]) -> dict[str, Tensor]:  # pragma: no cover - abstract
-        """Role -> ``[L, L]`` pattern of one row of tokens."""
+        """Role -> ``[L, L]`` pattern of one row of tokens (computed once per distinct row: :meth:`_row_rules`)."""
         raise NotImplementedError
 
-    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:  # pragma: no cover - abstract
-        """The residual ``[batch, pos, 4V]`` before the first layer."""
+    def _queried_key(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:  # pragma: no cover
+        """``[batch, pos, V]``: the ``Q`` block the embedding writes when no key-mover head does."""
         raise NotImplementedError
+
+    def _row_rules(self, toks: list[int]) -> dict[str, Tensor]:
+        key = tuple(toks)
+        if key not in self._cache:
+            self._cache[key] = self._rules(toks)
+        return self._cache[key]
+
+    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
+        """The residual ``[batch, pos, 4V]`` before the first layer: ``E`` the token, ``Q`` the queried key when no
+        key-mover head puts it there."""
+        B, L = tokens.shape
+        V = self.V
+        x = torch.zeros(B, L, 4 * V)
+        x[..., :V] = nn.functional.one_hot(tokens, V).float()
+        if not self.has_keymover:
+            x[..., 2 * V:3 * V] = self._queried_key(tokens, rules)
+        return x
 
     def _tail(self, L: int) -> Tensor:
         idx = torch.arange(L)
@@ -87,7 +104,7 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
     def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
         tokens = self.validate_tokens(tokens)
         V = self.V
-        rules = [self._rules(row.tolist()) for row in tokens]
+        rules = [self._row_rules(row.tolist()) for row in tokens]
         x = self.hook_embed(self._embed(tokens, rules))  # [b, L, 4V]
         B, L = tokens.shape
         causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
@@ -152,9 +169,6 @@ class CircuitModel(PlantedModel):
         return out
 
     def _rules(self, toks: list[int]) -> dict[str, Tensor]:
-        key = tuple(toks)
-        if key in self._cache:
-            return self._cache[key]
         L = len(toks)
         eye = torch.eye(L)
         sink = torch.zeros(L, L)
@@ -184,19 +198,15 @@ class CircuitModel(PlantedModel):
             fl[r0 + 1:] = 0.0
             fl[r0 + 1:, r0] = 1.0
         pats["first_line"] = fl
-        self._cache[key] = pats
         return pats
 
-    # ---- forward ----------------------------------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
-        B, L = tokens.shape
-        V = self.V
-        x = torch.zeros(B, L, 4 * V)
-        x[..., :V] = nn.functional.one_hot(tokens, V).float()
-        if not self.has_keymover:
-            off = 2 if self.fmt == "kv" else 0
-            x[:, off:, 2 * V:3 * V] = nn.functional.one_hot(tokens[:, : L - off], V).float()
-        return x
+    def _queried_key(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
+        """The token ``off`` places back (the key of ``... ' k ' is`` in KV, the token itself in MQAR)."""
+        L = tokens.shape[1]
+        off = 2 if self.fmt == "kv" else 0
+        q = torch.zeros(*tokens.shape, self.V)
+        q[:, off:] = nn.functional.one_hot(tokens[:, : L - off], self.V).float()
+        return q
 
 
 def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int, keymover: bool,

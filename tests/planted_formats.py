@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from planted_circuit import PlantedModel, place_roles
-from torch import Tensor, nn
+from torch import Tensor
 
 from gather_aggregate.tasks.base import PromptSpec, annotate
 
@@ -172,9 +172,6 @@ class FormatModel(PlantedModel):
                 return None, 0
 
     def _rules(self, toks: list[int]) -> dict[str, Tensor]:
-        key = tuple(toks)
-        if key in self._cache:
-            return self._cache[key]
         L = len(toks)
         truth, off = self._truth(toks)
         sink = torch.zeros(L, L)
@@ -209,17 +206,10 @@ class FormatModel(PlantedModel):
             lo = off if t >= off else t
             uni[t, lo:t + 1] = 1.0 / (t + 1 - lo)
         pats["uniform"] = uni
-        self._cache[key] = pats
         return pats
 
-    def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
-        B, L = tokens.shape
-        V = self.V
-        x = torch.zeros(B, L, 4 * V)
-        x[..., :V] = nn.functional.one_hot(tokens, V).float()
-        if not self.has_keymover:
-            x[..., 2 * V:3 * V] = torch.stack([r["qembed"] for r in rules])
-        return x
+    def _queried_key(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
+        return torch.stack([r["qembed"] for r in rules])
 
 
 def build(tokenizer: Any, *, heads_per_layer: int = 4, depth: int = 2, n_gather: int = 1, n_agg: int = 1,
