@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -78,3 +79,23 @@ def test_shortlist_lengths_count_positions_by_magnitude_and_by_sign():
     signed = needed(exact, est, "signed", [(1, 1)])  # est order: (0,1) (1,1) (1,3) (1,0) (1,2) (0,0)
     assert signed == {"top-1": 6, "top-3": 6, "top-5": 6, "≥ 10 %": 6, "> 2 SE": 2}
     assert needed(exact, est, "signed", [])["> 2 SE"] == 0  # no head above the noise: nothing to hold
+
+
+def test_control_variate_with_every_prompt_scanned_is_the_exact_scan():
+    """bench_attribution_cv: with S = all n prompts the correction ĉ + (c̄_S − ĉ_S) is the exact scan itself
+    (ρ = 1, top-5 5/5, every resolved pair alike); with fewer prompts it is a different ranking."""
+    before = torch.get_num_threads()
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_attribution_cv
+
+        rows = bench_attribution_cv.bench("llama-kv", None, False, n=3, ks=[1, 3])
+    finally:
+        sys.path.remove(str(BENCH))
+        torch.set_num_threads(before)
+    by_k = {r["k"]: r["cells"] for r in rows}
+    for label in ("exact on k", "AtP + cv", "AtP-softmax + cv"):
+        rho, top, resolved, _ = by_k[3][label]
+        assert rho == pytest.approx(1.0) and top == 5, (label, rho, top)
+        assert resolved == 1.0 or math.isnan(resolved), (label, resolved)  # NaN: the scan resolves no pair
+    assert by_k[1]["exact on k"][0] < 1.0  # one prompt alone is not the 3-prompt scan
