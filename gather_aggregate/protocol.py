@@ -212,7 +212,9 @@ class ProtocolMixin:
             raise InputError(f"heads must be a list of (layer, head) pairs; for one head write [{tuple(items)!r}], "
                              f"not {heads!r}")
         out: list[Head] = []
+        written: dict[Head, Any] = {}  # each head as the caller wrote it, for the duplicate error
         for item in items:
+            as_written = item
             if isinstance(item, str):
                 m = _HEAD_NAME.match(item.strip())
                 if not m:
@@ -225,7 +227,11 @@ class ProtocolMixin:
                 raise InputError(f"heads must be (layer, head) pairs of ints, e.g. [(1, 0)], got {item!r}") from None
             info = self.check_layer(as_index(layer, "layer"))
             (h,) = self.check_heads(info.index, [as_index(head, "head")])
+            if (info.index, h) in written:  # a ranking's top-k or a count of removed heads would count it twice
+                raise InputError(f"head L{info.index}H{h} is given twice in heads (as {written[(info.index, h)]!r} "
+                                 f"and {as_written!r}); give each head once")
             out.append((info.index, h))
+            written[(info.index, h)] = as_written
         return out
 
     def all_heads(self, kinds: Sequence[LayerKind] | None = None) -> list[Head]:

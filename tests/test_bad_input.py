@@ -151,6 +151,8 @@ def test_devices(tiny_llama_dir, device, needle):
     ((1, 0), "for one head write"),
     ("L1H0", "list of (layer, head) pairs"),
     ([(9, 0)], "out of range"),
+    ([(1, 0), (0, 1), (1, -4)], "head L1H0 is given twice in heads (as (1, 0) and (1, -4))"),  # 4 heads a layer
+    (["L1H0", (1, 0)], "given twice"),
 ])
 def test_malformed_heads(llama_model, heads, needle):
     with pytest.raises(GAError, match=needle.replace("(", r"\(").replace(")", r"\)")) as err:
