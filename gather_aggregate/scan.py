@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,100 +39,18 @@ import torch
 from torch import Tensor
 
 from gather_aggregate import layer_resume
-from gather_aggregate.checks import HEAD_KINDS, check_model, count, names, number
+from gather_aggregate.checks import check_model
 from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
-from gather_aggregate.indices import HEAD_NAME, as_index
+from gather_aggregate.indices import as_index
 from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
-from gather_aggregate.io import check_output_file, read_json, write_table
+from gather_aggregate.io import check_output_file
 from gather_aggregate.protocol import Head, HookedModel, device_of
 from gather_aggregate.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
 from gather_aggregate.readout import ReadoutMetric
+from gather_aggregate.scan_result import ScanResult, _table_problem
 from gather_aggregate.session import analysis, gradients
 
 Metric = Callable[[Tensor], Tensor]
-
-
-@dataclass
-class ScanResult:
-    """A tidy table of head scores, best (largest drop) first after ranking."""
-
-    rows: list[dict[str, Any]]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def ranked(self) -> ScanResult:
-        rows = sorted(self.rows, key=lambda r: (-r["score"], r["layer"], r["head"]))
-        for i, r in enumerate(rows, 1):
-            r["rank"] = i
-        return ScanResult(rows, self.meta)
-
-    def top(self, k: int, kinds: Sequence[str] | None = None, *, by: str = "score") -> list[Head]:
-        """The ``k`` heads of largest ``score`` (``by="score"``: the largest drops), or of largest ``|score|``
-        (``by="magnitude"``: the shortlist to take from an estimate, whose sign a saturated softmax can flip;
-        ``benchmarks/bench_shortlist.py`` measures both)."""
-        if by not in ("score", "magnitude"):
-            raise InputError(f"by must be 'score' or 'magnitude', got {by!r}")
-        k, kinds = count(k, "k", minimum=0), None if kinds is None else names(kinds, "kinds", HEAD_KINDS)
-        rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
-        if by == "magnitude":
-            rows.sort(key=lambda r: (-abs(r["score"]), r["layer"], r["head"]))
-        return [(r["layer"], r["head"]) for r in rows[:k]]
-
-    def significant(self, z: float = 2.0, kinds: Sequence[str] | None = None) -> list[Head]:
-        """The heads whose drop exceeds ``z`` standard errors over the prompts (``score > z · stderr``), largest
-        drop first: the heads this scan tells apart from prompt-to-prompt noise.  Needs an exact or naive scan
-        with a per-prompt metric (:func:`gather_aggregate.tasks.task_metric`, :meth:`ReadoutMetric.mean_of`).
-        The test is per head: of heads with no effect, about 2.3 % pass ``z = 2`` by chance (normal approximation),
-        so on a model of many heads take a larger ``z`` (Bonferroni: ``z = 3.9`` keeps the chance of any false
-        pass under 5 % at 1024 heads)."""
-        z, kinds = number(z, "z (standard errors)", minimum=0), None if kinds is None else names(kinds, "kinds", HEAD_KINDS)
-        if not self.rows or any("stderr" not in r for r in self.rows):
-            raise InputError("this scan has no per-prompt standard errors; scan exactly with a per-prompt metric "
-                             "(tasks.task_metric, or ReadoutMetric.mean_of) on two or more prompts")
-        rows = [r for r in self.ranked().rows if kinds is None or r["kind"] in kinds]
-        return [(r["layer"], r["head"]) for r in rows if r["score"] > z * r["stderr"]]
-
-    def score(self, layer: Any, head: Any = None) -> float:
-        """The score of ``(layer, head)``; also ``score((1, 2))`` or ``score("L1H2")``."""
-        if head is None:
-            m = HEAD_NAME.match(layer.strip()) if isinstance(layer, str) else None
-            try:
-                layer, head = (int(m.group(1)), int(m.group(2))) if m else layer
-            except (TypeError, ValueError):
-                raise InputError(f"score takes (layer, head), a pair or a name like 'L1H2', got {layer!r}") from None
-        hd = (as_index(layer, "layer"), as_index(head, "head"))
-        for r in self.rows:
-            if (r["layer"], r["head"]) == hd:
-                return float(r["score"])
-        raise InputError(f"this scan has no row for L{hd[0]}H{hd[1]} (it scanned {len(self.rows)} heads); pass "
-                         "one of scan.scores(), or scan that head")
-
-    def scores(self) -> dict[Head, float]:
-        return {(r["layer"], r["head"]): float(r["score"]) for r in self.rows}
-
-    def save(self, path: str | Path) -> Path:
-        return write_table(self.rows, path, self.meta)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ScanResult:
-        """A table written by :meth:`save` (or a scan's ``out=``); anything else is one :class:`InputError`."""
-        path = Path(path)
-        data = read_json(path, InputError, f"no scan file at {str(path)!r}; pass the scan.json a scan wrote",
-                         "rerun the scan that wrote it")
-        problem = _table_problem(data)
-        if problem:
-            raise InputError(f"{str(path)!r} is not a scan table ({problem}); pass the scan.json a scan wrote")
-        return cls(data["rows"], data.get("meta", {}))
-
-
-def _table_problem(data: Any) -> str | None:
-    """What keeps ``data`` from being a scan table ``{"meta": {...}, "rows": [{layer, head, score, ...}]}``."""
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
-            or not isinstance(data.get("meta", {}), dict):
-        return 'expected a JSON object {"meta": {...}, "rows": [...]}'
-    for i, r in enumerate(data["rows"]):
-        if not isinstance(r, dict) or any(k not in r for k in ("layer", "head", "score")):
-            return f"row {i} lacks layer, head or score"
-    return None
 
 
 # ---- fingerprints (resume safety) ---------------------------------------------------
