@@ -96,7 +96,7 @@ class ScanResult:
         """The caption and the best :data:`SHOWN_TEXT` rows as a text table (all rows: ``.rows``, ``.to_pandas()``)."""
         head, body = _table(self, SHOWN_TEXT)
         widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
-        lines = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)) for row in (head, *body)]
+        lines = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *body)]
         more = len(self.rows) - len(body)
         tail = [f"... {more} more heads (.rows, .to_pandas())"] if more > 0 else []
         return "\n".join([f"ScanResult: {_caption(self)}", *lines, *tail])
