@@ -82,6 +82,17 @@ def token_tensor(tokens: Any) -> Any:
         tokens = tokens["input_ids"]
     if isinstance(tokens, torch.Tensor):
         return tokens
+    if isinstance(tokens, (list, tuple)) and tokens and all(getattr(t, "ndim", 1) == 1 and isinstance(t, (list, tuple, torch.Tensor)) for t in tokens):
+        if not all(len(t) for t in tokens):  # [] or [[]]: was "must be integer ids, got float32"
+            raise InputError("a prompt has no token ids; pass at least one id per prompt")
+        if len({len(t) for t in tokens}) > 1:  # ragged: was "got list"
+            raise InputError(f"prompts of different lengths ({sorted({len(t) for t in tokens})} tokens) make no "
+                             "[batch, pos] tensor; pad them to one length (model.to_tokens(texts) does) or pass them "
+                             "one at a time")
+        if all(isinstance(t, torch.Tensor) for t in tokens):  # a list of 1-D id tensors of one length
+            return torch.stack(list(tokens))
+    if isinstance(tokens, (list, tuple)) and not tokens:
+        raise InputError("tokens are empty; pass at least one token id")
     try:
         return torch.as_tensor(tokens)
     except (TypeError, ValueError, RuntimeError):

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from jaxtyping import Int
     from torch import Tensor
 
-HEAD_NAME = re.compile(r"^L(\d+)H(\d+)$")
+HEAD_NAME = re.compile(r"^L(\d+)H(\d+)$", re.IGNORECASE)
 
 
 def is_index(x: Any) -> bool:

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from gather_aggregate.checks import HEAD_KINDS, check_model, names
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import Head, HookedModel, LayerKind
 from gather_aggregate.session import analysis
 
@@ -135,6 +136,9 @@ def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method =
     heads = model.check_head_set(heads)
     if method not in METHODS:
         raise InputError(f"unknown ablation method {method!r}; use one of {METHODS}")
+    if not isinstance(per_position, bool):  # per_position="no" was true
+        raise InputError(f"per_position must be True or False, got {per_position!r}")
+    seed = as_index(seed, "seed")  # seed="x" seeded the resample draw from a string
     if method == "zero":
         return Replacement("zero")
     if reference is None:
@@ -155,6 +159,11 @@ def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method =
 
 def ablation_hooks(model: HookedModel, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
     """Forward hooks that replace the given heads' outputs (all rows of the batch)."""
+    if isinstance(replacement, str):  # a method name: "zero" needs nothing more (mean/resample say what they need)
+        replacement = make_replacement(model, heads, replacement)
+    if not isinstance(replacement, Replacement):  # was an AttributeError at the first forward
+        raise InputError(f"replacement must be make_replacement(model, heads, method, reference) or 'zero', got "
+                         f"{type(replacement).__name__}")
     heads = model.check_head_set(heads)
     if not heads:
         raise InputError("empty head set: pass at least one (layer, head)")

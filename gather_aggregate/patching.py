@@ -83,6 +83,11 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
         m_corr = _check_metric(metric(corr_logits), "corrupted run")
         how = layer_resume.verify(model, cache, how, corr_logits)
         denom = m_clean - m_corr
+        if abs(denom) <= 1e-6 * max(1.0, abs(m_clean)):  # was a table of NaN (or float-noise-sized, huge) scores
+            raise InputError(f"the metric is {m_clean:.6g} on the clean and {m_corr:.6g} on the corrupted prompts, so "
+                             "no patch has anything to restore (score = (patched - corrupted) / (clean - corrupted)); "
+                             "pass corrupted prompts that change the metric, e.g. the same prompts asking for another "
+                             "key (a mean over prompts does not change when they are only reordered)")
         per_fwd = max(1, (default_max_rows(model) if max_rows is None else count(max_rows, "max_rows")) // batch)
         edits_all = [Edit(la, h, p) for la, hs in group_by_layer(heads).items() for h in hs for p in pos_list]
         bar = _progress(len(edits_all), "patching", progress)
@@ -103,7 +108,7 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
                     m = _check_metric(_apply(metric, readout, logits[i * batch:(i + 1) * batch]), where)
                     rows.append({"layer": e.layer, "head": e.head, "kind": model.layers[e.layer].kind_of(e.head),
                                  "position": e.position, "metric_patched": m,
-                                 "score": (m - m_corr) / denom if denom != 0 else float("nan")})
+                                 "score": (m - m_corr) / denom})
                 bar.update(len(chunk))
         bar.close()
     meta = {"mode": "patching", "metric_clean": m_clean, "metric_corrupted": m_corr, "per_position": per_position}

@@ -206,7 +206,9 @@ class ProtocolMixin:
         """Validate a list of ``(layer, head)`` pairs; negative layers and heads are made non-negative."""
         if isinstance(heads, (str, bytes)) or not isinstance(heads, (Sequence, set, frozenset)) \
                 and not hasattr(heads, "__iter__"):
-            raise InputError(f"heads must be a list of (layer, head) pairs, e.g. [(1, 0), (1, 3)], got {heads!r}")
+            shown = repr(heads) if len(repr(heads)) <= 80 else type(heads).__name__  # a ScanResult printed its rows
+            raise InputError(f"heads must be a list of (layer, head) pairs, e.g. [(1, 0), (1, 3)] or scan.top(5), "
+                             f"got {shown}")
         items = list(heads)
         if len(items) == 2 and all(_is_index(x) for x in items):
             raise InputError(f"heads must be a list of (layer, head) pairs; for one head write [{tuple(items)!r}], "
@@ -270,9 +272,15 @@ class ProtocolMixin:
         if self.tokenizer is None:
             raise InputError("this model has no tokenizer: pass token ids instead of text, or set model.tokenizer "
                              "(e.g. AutoTokenizer.from_pretrained(dir)) or load_model(..., tokenizer=...)")
-        texts = [text] if isinstance(text, str) else list(text)
+        texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else None
         if not texts:
-            raise InputError("to_tokens got an empty list of texts")
+            raise InputError("to_tokens got an empty list of texts" if texts == [] else
+                             f"to_tokens takes a text or a list of texts, got {type(text).__name__}; token ids need "
+                             "no tokenising: pass them to the model as they are")
+        if not all(isinstance(t, str) for t in texts):
+            bad = next(t for t in texts if not isinstance(t, str))
+            raise InputError(f"to_tokens takes a text or a list of texts, got a {type(bad).__name__} in the list; "
+                             "pass str only (str(x) for numbers)")
         ids = [self.tokenizer(t, add_special_tokens=add_special_tokens)["input_ids"] for t in texts]
         if any(len(i) == 0 for i in ids):
             raise InputError("a text tokenised to zero tokens; pass non-empty text")
@@ -301,6 +309,8 @@ class ProtocolMixin:
         if isinstance(tokens, str) or (isinstance(tokens, (list, tuple)) and tokens and isinstance(tokens[0], str)):
             return self.to_tokens(tokens)
         tokens = token_tensor(tokens)
+        if tokens.device.type == "meta":  # was a RuntimeError from Tensor.item() deep in the first check reading values
+            raise InputError("tokens are on the meta device and hold no values; pass real token ids (e.g. on 'cpu')")
         if tokens.dim() == 1:
             tokens = tokens[None]
         if tokens.dim() != 2:
@@ -386,6 +396,13 @@ class ProtocolMixin:
         info = self.check_layer(layer)
         if kind not in ("auto", "softmax", "implied"):
             raise InputError(f"kind must be 'auto', 'softmax' or 'implied', got {kind!r}")
+        flags = {"normalize": normalize, **{k: v for k, v in kwargs.items() if k == "dt_scaling"}}
+        for key, value in flags.items():  # normalize="no" was true; dt_scaling="x" was taken as True
+            if not isinstance(value, bool):
+                raise InputError(f"{key} must be True or False, got {value!r}")
+        budget = kwargs.get("max_bytes")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+            raise InputError(f"max_bytes={budget!r}: pass a positive number of bytes (or None for the default)")
         head_idx = self.check_heads(info.index, heads)
         ssm_heads = [h for h in head_idx if info.kind_of(h) == "ssm"]
         if kind == "softmax" and ssm_heads:
@@ -460,6 +477,9 @@ def check_hook_names(model: Any, hooks: Sequence[Any]) -> None:
     for item in hooks:
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise InputError(f"hooks must be (hook_name, fn) pairs, got {item!r}")
+        if not callable(item[1]):  # was a TypeError from inside TransformerLens' hook point
+            raise InputError(f"the hook for {item[0]!r} must be a function fn(tensor, hook) -> tensor or None, got "
+                             f"{type(item[1]).__name__}")
         if isinstance(item[0], str) and item[0] not in names:
             raise InputError(f"no hook named {item[0]!r} on this model; use its own names, e.g. model.head_hook(layer)"
                              f"[0] or model.resid_hook(layer) ({len(names)} hooks in model.hook_dict)")

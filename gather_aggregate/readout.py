@@ -41,12 +41,25 @@ class ReadoutMetric:
     per_prompt: Callable[[Tensor], Tensor] | None = None
 
     def __init__(self, fn: Callable[[Tensor], Tensor], positions: int | Tensor) -> None:
+        if not callable(fn):  # was accepted, then failed inside the first scan
+            raise InputError(f"fn must be a function logits_at [batch, k, vocab] -> scalar, got {type(fn).__name__}")
+        if isinstance(positions, (list, tuple)) or type(positions).__module__ == "numpy":  # lists, numpy ints/arrays
+            try:
+                positions = torch.as_tensor(positions)
+            except (TypeError, ValueError, RuntimeError):
+                raise InputError("readout positions must be an int or integers [batch] / [batch, k], got a "
+                                 f"{type(positions).__name__} that is not a rectangle of integers") from None
+        if isinstance(positions, Tensor) and positions.dim() == 0 and not positions.is_floating_point() \
+                and positions.dtype != torch.bool:
+            positions = int(positions)
         if isinstance(positions, Tensor):
+            if positions.dtype == torch.bool:
+                raise InputError("readout positions must be integers, got booleans; pass the positions themselves")
             if positions.is_floating_point() or positions.dim() not in (1, 2):
                 raise InputError(f"readout positions must be an int or an integer tensor [batch] or [batch, k], "
                                  f"got {positions.dtype} of shape {tuple(positions.shape)}")
             positions = positions.long().reshape(positions.shape[0], -1)
-        elif not isinstance(positions, int):
+        elif not isinstance(positions, int) or isinstance(positions, bool):
             raise InputError(f"readout positions must be an int or an integer tensor, got {type(positions).__name__}")
         self.fn = fn
         self.positions = positions

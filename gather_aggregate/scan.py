@@ -226,6 +226,7 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         value, per_clean = _measure(metric, clean_logits, False)
         clean = _check_metric(value, "clean run")
         meta["metric_clean"] = clean
+        _check_resumed_clean(rows, clean, out)
         how = layer_resume.verify(model, cache, how, clean_logits)
         bar = _progress(len(heads), "exact scan", progress)
         bar.update(len(heads) - len(todo))
@@ -316,6 +317,7 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
         for start in range(0, len(hs), size):
             shards.append(([(la, h) for h in hs[start:start + size]], kw))
     def on_shard(new: list[dict[str, Any]]) -> None:  # the finished shard's rows join exact_scan's table, written at once
+        _check_resumed_clean(rows, _clean_of(new), out)
         rows.extend(new)
         if out is not None:
             ScanResult(rows, {**meta, "metric_clean": _clean_of(rows)}).ranked().save(out)
@@ -331,6 +333,14 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
 
 def _clean_of(rows: list[dict[str, Any]]) -> float | None:
     return float(rows[0]["metric_clean"]) if rows else None
+
+
+def _check_resumed_clean(rows: list[dict[str, Any]], clean: float | None, out: Any) -> None:
+    """A resumed table's clean metric must be this run's: the fingerprint knows a metric only by its name."""
+    old = _clean_of(rows)
+    if old is not None and clean is not None and abs(old - clean) > 1e-6 + 1e-4 * abs(clean):
+        raise ResumeMismatchError(f"cannot resume from {str(out)!r}: its clean metric is {old:.6g} but this run's is "
+                                  f"{clean:.6g}, so another metric wrote it; use another --out or drop --resume")
 
 
 def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -494,7 +494,7 @@ def test_unknown_head_kinds_and_patch_positions_past_the_prompt(llama_model):
             call(["mlp"])
     assert llama_model.all_heads(kinds=["ssm"]) == [] and len(llama_model.all_heads(kinds=("attn",))) > 0
     with pytest.raises(GAError, match=r"positions \[99\] are outside the prompts' 6 tokens"):
-        patch_heads(llama_model, tokens, tokens.flip(0), _metric, heads=[(1, 0)], per_position=True, positions=[99])
-    rows = patch_heads(llama_model, tokens, tokens.flip(0), _metric, heads=[(1, 0)], per_position=True,
+        patch_heads(llama_model, tokens, (tokens + 1) % 50, _metric, heads=[(1, 0)], per_position=True, positions=[99])
+    rows = patch_heads(llama_model, tokens, (tokens + 1) % 50, _metric, heads=[(1, 0)], per_position=True,
                        positions=[np.int64(2), torch.tensor(-1)], progress=False).rows
     assert sorted(r["position"] for r in rows) == [2, 5]

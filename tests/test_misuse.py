@@ -1,0 +1,198 @@
+"""A new researcher's misuses: each was a traceback from deep inside torch/TransformerLens/the tokenizer, a silent
+wrong result or a vague message before; now it is one line of our own errors naming the fix, or the natural input
+simply works.  (Prompts, heads, metrics, scans and files: here; tasks, the detector, figures and experiments:
+``test_misuse_tasks_viz.py``.)  Every case was checked to fail before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gather_aggregate.errors import GAError, InputError, ResumeMismatchError
+from gather_aggregate.session import count_hooks, param_checksum
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text.strip(), text
+    return text
+
+
+@pytest.fixture(scope="module")
+def world(llama_model):
+    from gather_aggregate.tasks import task_metric
+    from gather_aggregate.tasks.registry import get_task
+
+    examples = get_task("kv", n_pairs=3).examples(llama_model.tokenizer, 4, seed=0)
+    tokens, metric = task_metric(llama_model, examples)
+    return llama_model, examples, tokens, metric
+
+
+@pytest.fixture(scope="module")
+def ssm():
+    from gather_aggregate.adapters import load_ssm
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+
+    return load_ssm(tiny_hf_ssm("mamba2", seed=0))
+
+
+# ---- prompts in every container ------------------------------------------------------------------------------
+@pytest.mark.parametrize("tokens,needle", [
+    ([], "tokens are empty"),  # was "must be integer ids, got dtype torch.float32"
+    ([[]], "a prompt has no token ids"),  # idem
+    ([[1, 2, 3], [4, 5]], r"prompts of different lengths \(\[2, 3\] tokens\).*pad them"),  # was "got list"
+    ([torch.tensor([1, 2]), torch.tensor([3])], "prompts of different lengths"),
+    (torch.tensor([[1, 2]], device="meta"), "meta device"),  # was a RuntimeError from Tensor.item()
+])
+def test_token_containers_that_hold_no_prompt_are_one_line(world, tokens, needle):
+    model = world[0]
+    with pytest.raises(InputError, match=needle) as err:
+        model(tokens)
+    _one_line(err.value)
+
+
+def test_a_list_of_id_tensors_is_a_batch(world):
+    model = world[0]
+    rows = [torch.tensor([5, 6, 7]), torch.tensor([8, 9, 10])]  # was "tokens must be token ids ..., got list"
+    torch.testing.assert_close(model(rows), model(torch.stack(rows)))
+
+
+@pytest.mark.parametrize("text,needle", [
+    (3, "takes a text or a list of texts, got int"),  # was TypeError: 'int' object is not iterable
+    (["a b", 3], "got a int in the list"),  # was the tokenizer's multi-line ValueError
+    (torch.tensor([1, 2]), "token ids need no tokenising"),
+])
+def test_to_tokens_takes_text_only(world, text, needle):
+    with pytest.raises(InputError, match=needle) as err:
+        world[0].to_tokens(text)
+    _one_line(err.value)
+
+
+# ---- hooks and caches -------------------------------------------------------------------------------------
+def test_a_hook_that_is_no_function_and_an_unknown_cache_name(world, ssm):
+    for model in (world[0], ssm):
+        toks = torch.randint(0, 50, (1, 5))
+        with pytest.raises(InputError, match="must be a function fn\\(tensor, hook\\)") as err:  # was TypeError
+            model.run_with_hooks(toks, fwd_hooks=[(model.head_hook(0)[0], 3)])
+        _one_line(err.value)
+        assert count_hooks(model) == 0
+    with pytest.raises(InputError, match="names_filter names no hook of this model: 'blocks.0.ssm.hook_zz'"):
+        ssm.run_with_cache(torch.randint(0, 50, (1, 5)), names_filter="blocks.0.ssm.hook_zz")  # was an empty cache
+    _, cache = ssm.run_with_cache(torch.randint(0, 50, (1, 5)), names_filter=[ssm.head_hook(0)[0]])
+    assert list(cache.keys()) == [ssm.head_hook(0)[0]]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(normalize="no"), "normalize must be True or False"),  # "no" was true
+    (dict(dt_scaling="x"), "dt_scaling must be True or False"),  # was taken as True
+    (dict(max_bytes=-1), "max_bytes=-1: pass a positive number"),  # was a MemoryBudgetError of -9e-10 GiB
+])
+def test_pattern_flags_of_the_wrong_type(ssm, kwargs, needle):
+    with pytest.raises(InputError, match=needle):
+        ssm.pattern(torch.randint(0, 50, (1, 5)), 0, **kwargs)
+
+
+# ---- metrics and readouts -------------------------------------------------------------------------------------
+def test_readout_positions_in_natural_forms(world):
+    import numpy as np
+
+    from gather_aggregate.readout import ReadoutMetric
+    from gather_aggregate.scan import exact_scan
+
+    model, _, tokens, _ = world
+    fn = lambda la: la[:, 0, 3].mean()  # noqa: E731
+    last = [tokens.shape[1] - 1] * tokens.shape[0]
+    want = exact_scan(model, tokens, ReadoutMetric(fn, torch.tensor(last)), heads=[(1, 0)], progress=False)
+    for positions in (last, np.array(last), np.int64(-1), torch.tensor(-1)):  # a list was "got list"
+        got = exact_scan(model, tokens, ReadoutMetric(fn, positions), heads=[(1, 0)], progress=False)
+        assert got.rows[0]["score"] == pytest.approx(want.rows[0]["score"], abs=1e-6)
+    for bad, needle in (("logits", "fn must be a function"), ):  # was accepted, then failed in the first scan
+        with pytest.raises(InputError, match=needle):
+            ReadoutMetric(bad, -1)
+    for positions, needle in ((True, "got bool"), ([[1], [2, 3]], "not a rectangle"), ([1.5], "float32")):
+        with pytest.raises(InputError, match=needle):
+            ReadoutMetric(fn, positions)
+
+
+def test_patching_with_a_metric_that_does_not_tell_clean_from_corrupted(world):
+    from gather_aggregate.patching import patch_heads
+
+    model, _, tokens, metric = world
+    before = param_checksum(model)
+    with pytest.raises(InputError, match="the metric is .* on the clean and .* on the corrupted prompts, so no patch") as err:  # was NaN scores
+        patch_heads(model, tokens, tokens, metric, heads=[(0, 1)], progress=False)
+    _one_line(err.value)
+    mean_of_last = lambda logits: logits[:, -1].log_softmax(-1)[:, 7].mean()  # noqa: E731
+    with pytest.raises(InputError, match="only reordered"):  # a reordered batch: the same mean, NaN scores before
+        patch_heads(model, tokens, tokens.flip(0), mean_of_last, heads=[(0, 1)], progress=False)
+    assert count_hooks(model) == 0 and param_checksum(model) == before
+
+
+def test_ctrl_c_in_a_metric_then_resume_and_a_resume_with_another_metric_of_the_same_name(world, tmp_path):
+    from gather_aggregate.scan import exact_scan
+
+    model, _, tokens, _ = world
+    out = tmp_path / "scan.json"
+    calls = {"n": 0}
+
+    def metric(logits):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the clean run, one chunk, then Ctrl-C
+            raise KeyboardInterrupt
+        return logits[:, -1].log_softmax(-1)[:, 7].mean()
+
+    before = param_checksum(model)
+    with pytest.raises(KeyboardInterrupt):
+        exact_scan(model, tokens, metric, max_rows=4, out=out, progress=False)
+    assert count_hooks(model) == 0 and param_checksum(model) == before
+    assert len(json.loads(out.read_text())["rows"]) == 1
+    resumed = exact_scan(model, tokens, metric, max_rows=4, out=out, resume=True, progress=False)
+    whole = exact_scan(model, tokens, metric, max_rows=4, progress=False)
+    assert {(r["layer"], r["head"]): r["score"] for r in resumed.rows} == \
+        {(r["layer"], r["head"]): r["score"] for r in whole.rows}
+
+    def metric(logits):  # noqa: F811  (a notebook cell redefined: same name, another answer token)
+        return logits[:, -1].log_softmax(-1)[:, 9].mean()
+
+    with pytest.raises(ResumeMismatchError, match="its clean metric is .* so another metric wrote it") as err:
+        exact_scan(model, tokens, metric, max_rows=4, out=out, resume=True, progress=False)  # was resumed silently
+    _one_line(err.value)
+
+
+# ---- ablations ------------------------------------------------------------------------------------------------
+def test_ablation_arguments_of_the_wrong_type(world):
+    from gather_aggregate.interventions import ablation_hooks, make_replacement
+
+    model, _, tokens, _ = world
+    for kwargs, needle in ((dict(per_position="no"), "per_position must be True or False"),  # "no" was true
+                           (dict(seed="x"), "seed must be an integer")):  # seeded the draw from a string
+        with pytest.raises(InputError, match=needle):
+            make_replacement(model, [(0, 1)], "resample", tokens.flip(0), **kwargs)
+    with pytest.raises(InputError, match="replacement must be make_replacement"):  # was AttributeError at forward
+        ablation_hooks(model, [(0, 1)], 3)
+    hooks = ablation_hooks(model, [(0, 1)], "zero")  # the method's name is enough for a zero ablation
+    want = ablation_hooks(model, [(0, 1)], make_replacement(model, [(0, 1)], "zero"))
+    torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=hooks),
+                               model.run_with_hooks(tokens, fwd_hooks=want))
+    with pytest.raises(InputError, match="mean ablation needs reference"):
+        ablation_hooks(model, [(0, 1)], "mean")
+
+
+def test_head_names_in_any_case_and_repeated_heads_on_the_command_line():
+    from gather_aggregate.cli import head_pairs
+
+    assert head_pairs("l0h1,L1H0,0.1") == [(0, 1), (1, 0)]  # lower case was refused; a repeat was ablated twice
+    assert head_pairs("L0H1") == [(0, 1)]
+
+
+def test_check_head_set_names_a_scan_result_without_printing_it(world):
+    from gather_aggregate.scan import ScanResult
+
+    scan = ScanResult([{"layer": 0, "head": h, "kind": "attn", "score": 0.1 * h} for h in range(4)], {})
+    with pytest.raises(GAError, match="got ScanResult$") as err:  # was every row of the scan in the message
+        world[0].check_head_set(scan)
+    assert len(_one_line(err.value)) < 200
+    assert world[0].check_head_set(["l1h0"]) == [(1, 0)]
