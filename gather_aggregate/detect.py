@@ -43,7 +43,7 @@ from torch import Tensor
 
 from gather_aggregate.checks import check_model, count
 from gather_aggregate.errors import InputError
-from gather_aggregate.indices import as_index
+from gather_aggregate.indices import as_index, is_index
 from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.session import analysis
 
@@ -53,7 +53,7 @@ def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
 
 
 @analysis
-def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence[int] | None = None, *,
+def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: int | Sequence[int] | None = None, *,
                    batch_size: int = 16, gather_any: bool = False, **pattern_kwargs: Any) -> list[dict[str, Any]]:
     """Gather and Aggregate scores of every head of ``layers`` (default all), one row per head.
 
@@ -69,6 +69,8 @@ def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: Sequence
     if not any(e.segments for e in examples):
         raise InputError("the examples have no segments; Gather/Aggregate scores need a task with segments "
                          "(KV-retrieval, multiple choice), not a plain knowledge query")
+    if isinstance(layers, int) or is_index(layers):  # one layer: was "'int' object is not iterable"
+        layers = [as_index(layers, "layer")]
     layers = [model.check_layer(la).index for la in (layers if layers is not None else range(model.n_layers))]
     sums: dict[tuple[int, str], Tensor] = {}
     counts: dict[str, float] = {"gather": 0.0, "aggregate": 0.0}
@@ -306,6 +308,13 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
                          f"{type(scan).__name__}")
     if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
         raise InputError(f"max_candidates={max_candidates!r}: pass a positive int (heads per role tested causally)")
+    own = set(model.all_heads())
+    for what, given in (("scan", list(scan.scores()) if scan is not None else []),
+                        ("scores", [(r.get("layer"), r.get("head")) for r in scores or []])):
+        alien = [hd for hd in given if hd not in own]  # was silently merged: a scan of another model
+        if alien:
+            raise InputError(f"{what} has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: it was "
+                             f"computed on another model; pass a {what} of this model's heads, or none")
     res = decide(model, examples, read=reading, max_candidates=max_candidates, seed=seed, batch_size=batch_size)
     if scores is None:  # the paper's summary-token scores, as columns beside the detector's own
         scores = pattern_scores(model, examples, batch_size=batch_size)

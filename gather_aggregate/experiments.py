@@ -15,6 +15,7 @@ from typing import Any
 
 from gather_aggregate.checks import check_model, count
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import as_index, is_index
 from gather_aggregate.interventions import (
     Method,
     ablation_hooks,
@@ -74,6 +75,8 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
     larger than the ranking is clipped and reported as such.
     """
     _check_inputs(model, task_sets, evaluator)
+    if callable(getattr(ranking, "top", None)) and hasattr(ranking, "rows"):  # a ScanResult is a ranking
+        ranking = ranking.top(len(ranking.rows))  # type: ignore[attr-defined]
     ranking = model.check_head_set(ranking)
     if isinstance(ks, (str, bytes)) or not hasattr(ks, "__iter__"):
         raise InputError(f"ks must be a list of head counts, e.g. (0, 10, 20), got {ks!r}")
@@ -122,9 +125,10 @@ def keep_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[str,
             "clean": clean, "ablated": ablated}
 
 
-def skip_layer_hooks(model: HookedModel, layers: Sequence[int]) -> list:
+def skip_layer_hooks(model: HookedModel, layers: int | Sequence[int]) -> list:
     """Hooks that remove whole layers: a removed layer passes its input residual through unchanged."""
     hooks = []
+    layers = [as_index(layers, "layer")] if isinstance(layers, int) or is_index(layers) else layers  # one layer: was "'int' object is not iterable"
     for layer in sorted({model.check_layer(la).index for la in layers}):
         saved: dict[str, Any] = {}
 

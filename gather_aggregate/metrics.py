@@ -23,10 +23,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from gather_aggregate.errors import InputError
+from gather_aggregate.indices import is_index
 from gather_aggregate.protocol import normalize_rows
 
 
 def _at_least_fp32(pattern: Tensor) -> Tensor:
+    if not isinstance(pattern, torch.Tensor):  # a list or numpy row: was "'list' object has no attribute 'dtype'"
+        pattern = torch.as_tensor(pattern, dtype=torch.float32)
     return pattern.float() if pattern.dtype in (torch.float16, torch.bfloat16) else pattern
 
 
@@ -47,7 +51,9 @@ def sharpness_index(pattern: Float[Tensor, "... key"], n_keys: Tensor | int | No
     pattern = _at_least_fp32(pattern)
     if n_keys is None:
         n = (pattern != 0).sum(-1).clamp_min(1).to(pattern.dtype)
-    elif isinstance(n_keys, int):
+    elif not isinstance(n_keys, torch.Tensor):  # 6.0 was "'float' object has no attribute 'to'"; 0 gave 1.0
+        if not is_index(n_keys) or int(n_keys) < 1:
+            raise InputError(f"n_keys={n_keys!r}: pass the number of keys the row can see (a positive int)")
         n = torch.full(pattern.shape[:-1], float(n_keys), dtype=pattern.dtype, device=pattern.device)
     else:
         n = n_keys.to(device=pattern.device, dtype=pattern.dtype).expand(pattern.shape[:-1])

@@ -284,9 +284,12 @@ def _candidate_ids(spec: PromptSpec, tokenizer: Any, ids: list[int], unk: int | 
 
 def annotate(spec: PromptSpec, tokenizer: Any) -> Example:
     """Tokenise ``spec`` with ``tokenizer`` and turn character spans into token spans."""
-    if tokenizer is None or not callable(tokenizer):
+    from gather_aggregate.tasks.spec_check import check_spec
+
+    if tokenizer is None or not callable(tokenizer) or hasattr(tokenizer, "run_with_cache"):  # a model is callable
         raise TaskError(f"a tokenizer is needed to build examples, got {type(tokenizer).__name__}; call "
                         "task.examples(model.tokenizer, n)")
+    spec = check_spec(spec)
     check_indices(spec.answer, spec.correct, len(spec.candidates), len(spec.segments), "prompt spec")
     enc = _encode(tokenizer, spec.prompt, offsets=True)
     ids = list(enc["input_ids"])

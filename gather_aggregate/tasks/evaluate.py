@@ -32,7 +32,7 @@ from gather_aggregate.errors import InputError, TaskError
 from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import HookedModel, check_hook_names, pad_id_of
 from gather_aggregate.session import analysis
-from gather_aggregate.tasks.base import Batch, Example, check_context, check_examples, collate
+from gather_aggregate.tasks.base import Batch, Example, check_context, check_count, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -145,7 +145,11 @@ def _logits(model: HookedModel, tokens: Tensor) -> Tensor:
 
 
 def _forward(model: HookedModel, batch: Batch, fwd_hooks: Hooks | HookFactory) -> Tensor:
-    hooks = list(fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks)
+    made = fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks
+    if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):  # was "'int' object is not iterable"
+        raise InputError(f"fwd_hooks: a hook factory must return a list of (hook_name, fn) pairs, got "
+                         f"{type(made).__name__}")
+    hooks = list(made)
     check_hook_names(model, hooks)
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
@@ -191,6 +195,8 @@ def _resolve_examples(model: HookedModel, task_or_examples: Any, n: int | None, 
     examples = list(task_or_examples)
     if not examples:
         raise TaskError("no examples to evaluate (empty dataset); build the task with n >= 1")
+    if n is not None:  # was ignored for a list: n=2 evaluated every example
+        examples = examples[:check_count(n)]
     bad = [type(e).__name__ for e in examples if not isinstance(e, Example)]
     if bad:
         raise InputError(f"evaluate takes a task or a list of tasks.Example, got {bad[0]}")
@@ -220,7 +226,7 @@ def evaluate(
     tqdm bar (``None`` = only for 20+ forwards).  ``seed`` seeds torch inside
     (without touching the global RNG), for hooks that sample (resample
     ablation), and builds the task's prompts when a task is passed (with
-    ``n`` prompts).  Deterministic: the same inputs give the same result.
+    ``n`` prompts; with a list of examples, ``n`` takes its first ``n``).  Deterministic: the same inputs give the same result.
     ``fast_single_token=False`` scores single-token candidates by batched
     continuations too (for checks and benchmarks).  Prompts that tokenise to
     more than 5% unknown tokens raise an ``UnknownTokenWarning``.

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from gather_aggregate.errors import TaskError
 from gather_aggregate.io import atomic_write_text, read_json
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
+from gather_aggregate.tasks.spec_check import check_whole_numbers
 
 FactFormat = Literal["letter", "content", "knowledge"]
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -211,6 +212,7 @@ class FactsTask:
     letters: str | None = None
 
     def __post_init__(self) -> None:
+        check_whole_numbers(self, "n_options")
         if self.fmt not in ("letter", "content", "knowledge"):
             raise TaskError(f"fmt must be 'letter', 'content' or 'knowledge', got {self.fmt!r}")
         if self.letters is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from gather_aggregate.errors import TaskError
 from gather_aggregate.tasks.base import IndexedTask, PromptSpec
 from gather_aggregate.tasks.facts import shipped_words
+from gather_aggregate.tasks.spec_check import check_whole_numbers
 
 HEADER = "Memorize the following dictionary:\n"
 
@@ -71,6 +72,7 @@ class KVRetrieval(IndexedTask):
     def __post_init__(self) -> None:
         self.keys = list(self.keys) if self.keys is not None else shipped_words("keys")
         self.values = [str(v) for v in (self.values if self.values is not None else range(100))]
+        check_whole_numbers(self, "n_pairs", "query_index")
         _check_vocab(self.keys, self.values)  # type: ignore[arg-type]
         if self.n_pairs < 1:
             raise TaskError(f"n_pairs={self.n_pairs}: a dictionary needs at least one entry")

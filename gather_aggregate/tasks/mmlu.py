@@ -47,6 +47,7 @@ from typing import Any, Literal
 from gather_aggregate.errors import GAWarning, TaskError, warn
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 from gather_aggregate.tasks.facts import LETTERS
+from gather_aggregate.tasks.spec_check import check_whole_numbers
 
 SAMPLE_PATH = Path(__file__).resolve().parent / "data" / "mmlu_sample.json"
 REQUIRED_COLUMNS = ("question", "choices", "answer")
@@ -221,6 +222,7 @@ class MMLUTask:
     def __post_init__(self) -> None:
         if self.fmt not in ("letter", "content"):
             raise TaskError(f"fmt must be 'letter' or 'content', got {self.fmt!r}")
+        check_whole_numbers(self, "k_shot")
         if self.k_shot < 0:
             raise TaskError(f"k_shot={self.k_shot}: use 0 or more few-shot examples")
         if self.items is not None and not list(self.items):

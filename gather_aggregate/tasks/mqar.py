@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from gather_aggregate.errors import TaskError
 from gather_aggregate.tasks.base import IndexedTask, PromptSpec
 from gather_aggregate.tasks.facts import shipped_words
+from gather_aggregate.tasks.spec_check import check_whole_numbers
 
 
 @dataclass
@@ -49,6 +50,7 @@ class MQAR(IndexedTask):
                 raise TaskError(f"duplicate {kind}s {dup[:5]}; every {kind} must be unique")
         if set(self.keys) & set(self.values):
             raise TaskError("keys and values overlap; use disjoint vocabularies (as Zoology does)")
+        check_whole_numbers(self, "n_pairs", "n_queries")
         if self.n_pairs < 1 or self.n_queries < 1:
             raise TaskError(f"n_pairs={self.n_pairs}, n_queries={self.n_queries}: both must be >= 1")
         if self.n_pairs > len(self.values):

@@ -40,6 +40,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import as_index
 from gather_aggregate.viz.assets import circuitsvis_js, json_for_script
 from gather_aggregate.viz.fit import FitMode, fit_pattern
 
@@ -90,6 +91,13 @@ class AttentionView:
 
     def _repr_html_(self) -> str:
         return self.fragment(include_js=True)
+
+    def __repr__(self) -> str:  # a REPL or a list of views printed every weight of every head (the dataclass repr)
+        tokens = self.props.get("tokens", [])
+        heads = self.props.get("attentionHeadNames")
+        shape = f"{len(heads)} heads x " if heads else ""
+        return (f"AttentionView({self.component}, {shape}{len(tokens)} tokens, signed={self.signed}"
+                f"{', title=' + repr(self.title) if self.title else ''}; display it in Jupyter or .save(path))")
 
     def __html__(self) -> str:
         return self.fragment(include_js=True)
@@ -288,6 +296,7 @@ def attention_pattern(
     ``pattern`` is ``[query, key]`` or a multi-head pattern from which ``head`` is taken.
     """
     p = as_head_pattern(pattern, batch_index=batch_index)
+    head = as_index(head, "head")  # '1' or 1.0 was a TypeError from a comparison or a slice
     if not -p.shape[0] <= head < p.shape[0]:
         raise InputError(f"head={head} but the pattern has {p.shape[0]} head(s); pass a valid head index")
     shown, toks, signed, vmax, notes = _prepare(p[head: head + 1] if head >= 0 else p[head][None], tokens,

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import HEAD_NAME
 
 BOX_W, BOX_H, GAP = 160, 44, 12
 COLORS = {"gather": "#2ca02c", "aggregate": "#1f5fbf"}
@@ -61,7 +62,10 @@ def circuit_diagram(gather: Sequence[Mapping[str, Any]], aggregate: Sequence[Map
     name); ``pairs``: the G→A pairs, drawn as arrows.
     """
     def rows(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        return [{**it, "name": head_name(it["head"])} for it in items]
+        # a bare (layer, head) pair or "L0H2" is a head with no evidence: was "'tuple' object is not a mapping"
+        return [{**it, "name": head_name(it["head"])} if isinstance(it, Mapping) else
+                {"head": it, "name": it if isinstance(it, str) and HEAD_NAME.fullmatch(it) else head_name(it)}
+                for it in items]
 
     g, a = rows(gather), rows(aggregate)
     n = max(len(g), len(a), 1)

@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from gather_aggregate.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.indices import as_index
 from gather_aggregate.metrics import row_entropy, sharpness_index, top1_mass
 from gather_aggregate.viz.attention import NEGATIVE_COLOR, POSITIVE_COLOR, display_tokens
 
@@ -55,6 +56,11 @@ def as_row(x: Any, *, query: int = -1, what: str = "row") -> Float[Tensor, "key"
 
 def row_stats(row: Tensor) -> dict[str, float]:
     """Entropy (nats), top-1 mass and sharpness index of one row (on the normalised ``|row|``)."""
+    row = torch.as_tensor(row)
+    if row.dim() != 1:  # was "only one element tensors can be converted to Python scalars"
+        raise InputError(f"row_stats takes one row [key], got shape {tuple(row.shape)}; index it first (e.g. "
+                         "pattern[0, head, -1]) or use as_row(pattern, query=...)")
+    row = as_row(row)  # a zero or non-finite row has no sharpness: was entropy 0, sharpness 1
     n_keys = int(row.numel())
     return {
         "entropy": float(row_entropy(row)),
@@ -67,7 +73,8 @@ def row_stats(row: Tensor) -> dict[str, float]:
 def _check_positions(positions: Sequence[int] | None, n: int, what: str) -> list[int]:
     if positions is None:
         return []
-    out = [int(p) + n if int(p) < 0 else int(p) for p in positions]
+    out = [as_index(p, what) for p in positions]  # 1.5 was truncated to 1
+    out = [p + n if p < 0 else p for p in out]
     bad = [p for p in out if not 0 <= p < n]
     if bad:
         raise IndexOutOfRangeError(f"{what} {bad} outside the {n}-token row; pass positions of this prompt")

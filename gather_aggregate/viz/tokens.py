@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gather_aggregate.errors import InputError
+from gather_aggregate.indices import is_index
 
 POSITIVE_RGB = (31, 95, 191)
 NEGATIVE_RGB = (214, 39, 40)
@@ -92,7 +93,11 @@ def token_strip(
     Weights must lie in ``[-1, 1]`` (probabilities or signed shares of a row).
     """
     toks = [str(t) for t in tokens]
-    ws = [float(w) for w in weights]
+    try:
+        ws = [float(w) for w in weights]
+    except (TypeError, ValueError):  # a 2-D pattern or text: was a ValueError from float()
+        raise InputError(f"token_strip takes one number per token, got {getattr(weights, 'shape', type(weights))}; "
+                         "pass one row, e.g. pattern[0, head, -1]") from None
     if len(toks) != len(ws):
         raise InputError(f"token_strip got {len(toks)} tokens and {len(ws)} weights; pass one weight per token")
     if not toks:
@@ -101,7 +106,15 @@ def token_strip(
     if bad:
         raise InputError(f"token_strip weights must lie in [-1, 1] (probabilities or shares of a row), got "
                          f"{bad[:3]}; divide a signed row by its total |weight| first")
-    lo, hi = correct if correct is not None else (-1, -1)
+    n = len(toks)
+    if correct is not None and not (len(correct) == 2 and all(is_index(c) for c in correct)
+                                    and 0 <= int(correct[0]) < int(correct[1]) <= n):
+        raise InputError(f"correct={correct!r} is not a (start, end) token span of the {n}-token prompt")  # was ignored
+    if query is not None:
+        if not is_index(query) or not -n <= int(query) < n:
+            raise InputError(f"query={query!r} is not a position of the {n}-token prompt; pass 0..{n - 1} or -1")
+        query = int(query) % n  # -1 was never outlined
+    lo, hi = (int(correct[0]), int(correct[1])) if correct is not None else (-1, -1)
     parts = []
     for i, (t, w) in enumerate(zip(toks, ws, strict=True)):
         cls = ["ga-tok"]
