@@ -108,6 +108,8 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     _check_count("verify", verify, 0, "a non-negative int (heads to re-score exactly)")
     _check_count("steps", steps, 1, "a positive int (path points of integrated gradients)")
     _check_count("readout_tokens", readout_tokens, 1, "a positive int (logits linearised per readout row)")
+    if not isinstance(graddrop, bool):  # graddrop="no" was true
+        raise InputError(f"graddrop must be True or False, got {graddrop!r}")
     if qk_layers is not None:
         _check_count("qk_layers", qk_layers, 1, "None (every attention layer above a head) or a positive int")
     if estimator.endswith("-softmax") and not isinstance(metric, ReadoutMetric):

@@ -43,7 +43,20 @@ def evaluate_sets(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], ho
     if not task_sets:
         raise InputError("no task sets given: pass e.g. {'kv': kv_examples, 'knowledge': knowledge_examples}")
     ev = evaluator or accuracy_of
-    return {name: ev(model, examples, hooks) for name, examples in task_sets.items()}
+    return {name: _score(ev(model, examples, hooks), name) for name, examples in task_sets.items()}
+
+
+def _score(value: Any, name: str) -> float:
+    """An evaluator's answer as a float (a 0-d tensor or numpy number is one); "good" or a vector went into the
+    table as it was."""
+    try:
+        out = float(value) if not isinstance(value, (str, bytes, bool)) else None
+    except (TypeError, ValueError, RuntimeError):
+        out = None
+    if out is None:
+        raise InputError(f"the evaluator returned {type(value).__name__} {str(value)[:40]!r} on task set {name!r}; "
+                         "return one number (e.g. accuracy as a float)")
+    return out
 
 
 def _check_inputs(model: Any, task_sets: Any, evaluator: Any) -> None:

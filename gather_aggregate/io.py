@@ -117,6 +117,10 @@ def write_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], me
     moment (SIGKILL included) leaves a JSON that parses and either no CSV or a
     CSV with exactly the JSON's rows; the JSON is the one a resumed run reads.
     """
+    if isinstance(rows, (str, bytes, dict)) or not all(isinstance(r, dict) for r in rows) \
+            or not isinstance(meta, (dict, type(None))):  # rows [1, 2] failed after the JSON was replaced
+        raise InputError("write_table takes rows as a list of dicts (one per row) and meta as a dict or None, got "
+                         f"{type(rows).__name__} rows and {type(meta).__name__} meta")
     path = check_output_file(path, twin=True)  # before the twin goes: a directory's "<dir>.csv" is not ours
     twin = path.with_suffix(".csv")
     with contextlib.suppress(FileNotFoundError):

@@ -125,6 +125,10 @@ def as_section(obj: Any) -> Section:
         section = as_section(obj[1])
         section.title = obj[0]
         return section
+    from gather_aggregate.viz.tokens import HtmlFragment
+
+    if isinstance(obj, HtmlFragment):  # a token strip or circuit diagram: was escaped as Markdown text
+        return Html(str(obj))
     if isinstance(obj, str):
         return Markdown(obj)
     from gather_aggregate.viz.attention import AttentionView

@@ -30,6 +30,10 @@ class ScanResult:
     rows: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:  # a row without a score was a KeyError in .top(); rows="..." a TypeError
+        if (problem := _table_problem({"meta": self.meta, "rows": self.rows})) is not None:
+            raise InputError(f"ScanResult(rows, meta): {problem}; give rows as dicts with layer, head and score")
+
     def ranked(self) -> ScanResult:
         rows = sorted(self.rows, key=lambda r: (-r["score"], r["layer"], r["head"]))
         for i, r in enumerate(rows, 1):

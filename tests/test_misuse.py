@@ -171,6 +171,10 @@ def test_ablation_arguments_of_the_wrong_type(world):
                            (dict(seed="x"), "seed must be an integer")):  # seeded the draw from a string
         with pytest.raises(InputError, match=needle):
             make_replacement(model, [(0, 1)], "resample", tokens.flip(0), **kwargs)
+    from gather_aggregate.attribution import attribution_scan
+
+    with pytest.raises(InputError, match="graddrop must be True or False"):  # "no" was true
+        attribution_scan(model, tokens, world[3], heads=[(0, 1)], estimator="atp*", graddrop="no")
     with pytest.raises(InputError, match="replacement must be make_replacement"):  # was AttributeError at forward
         ablation_hooks(model, [(0, 1)], 3)
     hooks = ablation_hooks(model, [(0, 1)], "zero")  # the method's name is enough for a zero ablation
@@ -196,3 +200,30 @@ def test_check_head_set_names_a_scan_result_without_printing_it(world):
         world[0].check_head_set(scan)
     assert len(_one_line(err.value)) < 200
     assert world[0].check_head_set(["l1h0"]) == [(1, 0)]
+
+
+# ---- tables ---------------------------------------------------------------------------------------------------
+def test_tables_of_the_wrong_shape_are_refused_before_the_disk_is_touched(tmp_path):
+    from gather_aggregate.io import write_table
+    from gather_aggregate.scan import ScanResult
+
+    out = tmp_path / "t.json"
+    write_table([{"a": 1}], out, {"m": 1})
+    for rows, meta in (([1, 2], {}), ("rows", {}), ([{"a": 1}], "meta")):
+        with pytest.raises(InputError, match="write_table takes rows as a list of dicts"):  # [1, 2] was a TypeError
+            write_table(rows, out, meta)  # after the JSON had been replaced and the CSV twin removed
+        assert json.loads(out.read_text()) == {"meta": {"m": 1}, "rows": [{"a": 1}]}
+        assert (tmp_path / "t.csv").read_text() == "a\n1\n"
+    for rows in ([{"layer": 0}], "rows"):  # were a KeyError / TypeError at .top()
+        with pytest.raises(InputError, match=r"ScanResult\(rows, meta\): .*give rows as dicts with layer, head"):
+            ScanResult(rows, {})
+
+
+def test_an_evaluator_that_returns_no_number(world):
+    from gather_aggregate.experiments import layer_pruning, remove_only
+
+    model, examples, _, _ = world
+    with pytest.raises(InputError, match="the evaluator returned str 'good' on task set 'kv'"):  # was in the table
+        layer_pruning(model, {"kv": examples}, evaluator=lambda m, exs, hooks: "good")
+    got = remove_only(model, [(0, 1)], {"kv": examples}, evaluator=lambda m, exs, hooks: torch.tensor(0.5))
+    assert got["clean"] == {"kv": 0.5} and type(got["clean"]["kv"]) is float  # a 0-d tensor was kept as one

@@ -57,6 +57,8 @@ def test_a_spec_with_unlabelled_segments_and_a_model_for_a_tokenizer(llama_model
     ("kv", dict(n_pairs=1.5), "n_pairs=1.5: pass a whole number"),  # was a TypeError inside random.sample
     ("kv", dict(n_pairs="3"), "n_pairs='3'"),  # was "'<' not supported between 'str' and 'int'"
     ("mqar", dict(n_queries=2.5), "n_queries=2.5"),
+    ("kv", dict(n_pairs=2, keys="apple"), "keys must be a list of words"),  # was the keys a, p, p, l, e
+    ("mqar", dict(values="0123"), "values must be a list of words"),
 ])
 def test_task_sizes_must_be_whole_numbers(llama_model, name, kwargs, needle):
     from gather_aggregate.tasks.registry import get_task
@@ -96,6 +98,8 @@ def test_evaluate_n_on_a_list_and_a_hook_factory_that_returns_no_hooks(llama_mod
 
     ex = get_task("kv", n_pairs=3).examples(llama_model.tokenizer, 4)
     assert len(evaluate(llama_model, ex, n=2, progress=False).results) == 2  # n was ignored for a list
+    with pytest.raises(InputError, match="fast_single_token must be True or False"):  # "no" was true
+        evaluate(llama_model, ex, fast_single_token="no", progress=False)
     with pytest.raises(InputError, match="a hook factory must return a list of .hook_name, fn. pairs, got int"):
         evaluate(llama_model, ex, fwd_hooks=lambda batch: 3, progress=False)  # was "'int' object is not iterable"
     assert count_hooks(llama_model) == 0
@@ -171,3 +175,17 @@ def test_circuit_diagram_takes_bare_heads_and_views_print_short(pattern):
     assert repr(view) == "AttentionView(AttentionHeads, 4 heads x 6 tokens, signed=False; display it in Jupyter " \
                          "or .save(path))"  # was every weight of every head (2.5k characters here)
     assert "CircuitsVis.render" in view._repr_html_()
+
+
+def test_strips_and_diagrams_render_in_a_notebook_and_in_a_report(tmp_path):
+    from gather_aggregate.report import write_report
+    from gather_aggregate.viz.circuit import circuit_diagram
+    from gather_aggregate.viz.tokens import token_strip
+
+    strip = token_strip(["a", "b"], [0.2, 0.8])
+    svg = circuit_diagram([(0, 2)], [(1, 3)], [])
+    for fragment in (strip, svg):
+        assert isinstance(fragment, str) and fragment._repr_html_() == fragment  # a str showed its markup in Jupyter
+    page = write_report(tmp_path / "r.html", title="t", sections=[strip, ("circuit", svg)]).read_text()
+    assert '<div class="ga-strip-view">' in page and '<div class="ga-circuit-view">' in page  # were escaped text
+    assert "&lt;div class=&quot;ga-strip-view" not in page

@@ -235,6 +235,8 @@ def evaluate(
 
     check_model(model, needs=("__call__", "hooks"))
     batch_size, seed = count(batch_size, "batch_size"), as_index(seed, "seed")
+    if not isinstance(fast_single_token, bool):  # "no" was true
+        raise InputError(f"fast_single_token must be True or False, got {fast_single_token!r}")
     if not callable(fwd_hooks) and (isinstance(fwd_hooks, (str, bytes)) or not isinstance(fwd_hooks, (list, tuple))):
         raise InputError(f"fwd_hooks must be a list of (hook_name, fn) pairs or a function batch -> hooks, got "
                          f"{type(fwd_hooks).__name__}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from gather_aggregate.errors import TaskError
 from gather_aggregate.tasks.base import IndexedTask, PromptSpec
 from gather_aggregate.tasks.facts import shipped_words
-from gather_aggregate.tasks.spec_check import check_whole_numbers
+from gather_aggregate.tasks.spec_check import check_whole_numbers, check_word_lists
 
 HEADER = "Memorize the following dictionary:\n"
 
@@ -70,6 +70,7 @@ class KVRetrieval(IndexedTask):
     query_index: int | None = None
 
     def __post_init__(self) -> None:
+        check_word_lists(self, "keys", "values")
         self.keys = list(self.keys) if self.keys is not None else shipped_words("keys")
         self.values = [str(v) for v in (self.values if self.values is not None else range(100))]
         check_whole_numbers(self, "n_pairs", "query_index")

@@ -74,3 +74,13 @@ def check_whole_numbers(task: Any, *names: str) -> None:
         if not is_index(value):
             raise TaskError(f"{name}={value!r}: pass a whole number (e.g. {name}=4)")
         setattr(task, name, int(value))
+
+
+def check_word_lists(task: Any, *names: str) -> None:
+    """Each named vocabulary of ``task`` (``keys``, ``values``) is ``None`` or a list of words, not one string
+    (``keys="abc"`` was the keys ``a``, ``b``, ``c``)."""
+    for name in names:
+        value = getattr(task, name)
+        if isinstance(value, (str, bytes)) or (value is not None and not hasattr(value, "__iter__")):
+            raise TaskError(f"{name} must be a list of words, e.g. {name}=['apple', 'river'], got "
+                            f"{type(value).__name__} {value!r}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.indices import HEAD_NAME
+from gather_aggregate.viz.tokens import HtmlFragment
 
 BOX_W, BOX_H, GAP = 160, 44, 12
 COLORS = {"gather": "#2ca02c", "aggregate": "#1f5fbf"}
@@ -108,4 +109,4 @@ def circuit_diagram(gather: Sequence[Mapping[str, Any]], aggregate: Sequence[Map
            f"({html.escape(scores[0])} / {html.escape(scores[1])}: the share of the head's row that the detector "
            "read).")
     head = f"<div><strong>{html.escape(title)}</strong></div>" if title else ""
-    return f'<div class="ga-circuit-view">{head}{"".join(parts)}<p class="ga-note">{cap}</p></div>'
+    return HtmlFragment(f'<div class="ga-circuit-view">{head}{"".join(parts)}<p class="ga-note">{cap}</p></div>')

@@ -76,6 +76,15 @@ def legend_html(signed: bool = False) -> str:
             f"{neg}</div>")
 
 
+class HtmlFragment(str):
+    """HTML made by this package (a token strip, a circuit diagram): a ``str`` that Jupyter renders when it is a
+    cell's value (a plain ``str`` showed its markup) and that a report puts in as trusted
+    :class:`~gather_aggregate.report.Html` (a plain ``str`` becomes escaped Markdown)."""
+
+    def _repr_html_(self) -> str:
+        return str(self)
+
+
 def token_strip(
     tokens: Sequence[str],
     weights: Sequence[float],
@@ -136,8 +145,8 @@ def token_strip(
     head = f'<div class="ga-strip-title"><strong>{html.escape(title)}</strong></div>' if title else ""
     foot = f'<p class="ga-note">{html.escape(note)}</p>' if note else ""
     signed = any(w < 0 for w in ws if not math.isnan(w))
-    return (f'<div class="ga-strip-view">{head}{legend_html(signed) if legend else ""}'
-            f'<div class="ga-strip">{"".join(parts)}</div>{foot}</div>')
+    return HtmlFragment(f'<div class="ga-strip-view">{head}{legend_html(signed) if legend else ""}'
+                        f'<div class="ga-strip">{"".join(parts)}</div>{foot}</div>')
 
 
 def row_shares(row: Any) -> list[float]:
