@@ -79,8 +79,7 @@ def head_pairs(text: str) -> list[tuple[int, int]]:
             raise argparse.ArgumentTypeError(f"cannot read head {part!r}; write LAYER.HEAD or LxHy, comma separated, "
                                              "e.g. --heads 1.0,1.3 or --heads L1H0,L1H3")
         g = [int(x) for x in m.groups() if x is not None]
-        if (g[0], g[1]) not in heads:  # L0H1,L0H1 was reported as "L0H1 L0H1 ablated"
-            heads.append((g[0], g[1]))
+        heads.append((g[0], g[1]))
     if not heads:
         raise argparse.ArgumentTypeError("no heads given; e.g. --heads 1.0,1.3")
     return heads
