@@ -27,9 +27,8 @@ Ablation methods:
 
 from __future__ import annotations
 
-import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -220,19 +219,36 @@ def resample_hooks(model: HookedModel, heads: Sequence[Head], examples: Sequence
     return factory
 
 
-@contextlib.contextmanager
-def ablate(model: HookedModel, heads: Sequence[Head], method: Method = "zero", reference: Tensor | None = None, *,
-           per_position: bool = True, seed: int = 0) -> Iterator[Any]:
-    """Context manager: inside it, ``model`` runs with ``heads`` ablated.
+class ablate:  # noqa: N801  (used like torch.no_grad: ``with ablate(model, heads): ...``)
+    """Context manager: inside it, ``model`` runs with ``heads`` ablated; the hooks are gone on exit, also after an
+    error.  The heads and the ablation are checked where it is written, before the block runs.
 
     >>> with ablate(model, [(1, 0), (1, 3)]):            # doctest: +SKIP
     ...     logits = model(tokens)
     """
-    check_model(model)
-    rep = make_replacement(model, model.check_head_set(heads), method, reference, per_position=per_position,
-                           seed=seed)
-    with model.hooks(fwd_hooks=ablation_hooks(model, heads, rep)):
-        yield model
+
+    def __init__(self, model: HookedModel, heads: Sequence[Head], method: Method = "zero",
+                 reference: Tensor | None = None, *, per_position: bool = True, seed: int = 0) -> None:
+        check_model(model)
+        self.model, self.heads = model, model.check_head_set(heads)
+        self._rep = make_replacement(model, self.heads, method, reference, per_position=per_position, seed=seed)
+        self._active: Any = None
+
+    def __enter__(self) -> Any:
+        if self._active is not None:
+            raise InputError("this ablate(...) block is already running; nest a new ablate(model, heads) instead")
+        active = self.model.hooks(fwd_hooks=ablation_hooks(self.model, self.heads, self._rep))
+        active.__enter__()
+        self._active = active
+        return self.model
+
+    def __exit__(self, *exc: Any) -> Any:
+        active, self._active = self._active, None
+        return active.__exit__(*exc)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise InputError("ablate(model, heads) is a context manager, not a forward: write `with ablate(model, heads): "
+                         "logits = model(tokens)`, or call run_ablated(model, tokens, heads)")
 
 
 @analysis

@@ -185,6 +185,29 @@ def test_ablation_arguments_of_the_wrong_type(world):
         ablation_hooks(model, [(0, 1)], "mean")
 
 
+def test_ablate_is_a_context_manager_checked_where_it_is_written(world):
+    """ablate(model, heads)(tokens) silently returned a wrapped function (a generator context manager is also a
+    decorator), and a bad head was only found on entering the block."""
+    from gather_aggregate.interventions import ablate, run_ablated
+
+    model, _, tokens, _ = world
+    before, hooks = param_checksum(model), count_hooks(model)
+    with pytest.raises(InputError, match="is a context manager, not a forward") as err:
+        ablate(model, [(0, 1)])(tokens)
+    _one_line(err.value)
+    with pytest.raises(GAError, match="out of range"):
+        ablate(model, [(0, 99)])  # refused here, before any block
+    block = ablate(model, [(0, 1)])
+    with block as m, torch.no_grad():
+        assert m is model and count_hooks(model) > hooks
+        torch.testing.assert_close(model(tokens), run_ablated(model, tokens, [(0, 1)]))
+        with pytest.raises(InputError, match="already running"), block:
+            pass
+    with pytest.raises(RuntimeError, match="inside"), block:  # the same object runs again; an error inside it
+        raise RuntimeError("inside")  # leaves no hook behind
+    assert count_hooks(model) == hooks and param_checksum(model) == before
+
+
 def test_head_names_in_any_case_on_the_command_line():
     from gather_aggregate.cli import head_pairs
 
