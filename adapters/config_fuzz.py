@@ -7,7 +7,8 @@ checkpoint may set and a hand-picked test config does not: odd widths, head size
 (or an MLP) first or last or everywhere, expert counts and top-k, μP multipliers, GQA ratios, rotary share and
 base, chunk sizes that do not divide the prompt, prompts of length 1 and 2, and batches of 1-3.  Weights are
 redrawn far from HF's gentle initialisation (``families_testing.stress_weights``).  The draws of the transformer
-families beyond Llama, Qwen3, Mistral, GPT-2, Pythia and Gemma-2 live in :mod:`.config_fuzz_bridge`.
+families beyond Llama, Qwen3, Mistral, GPT-2, Pythia and Gemma-2 live in :mod:`.config_fuzz_bridge` and
+:mod:`.config_fuzz_decoders`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from gather_aggregate.adapters.config_fuzz_bridge import BRIDGE_HF
+from gather_aggregate.adapters.config_fuzz_decoders import DECODER_HF
 from gather_aggregate.adapters.families_testing import stress_weights
 
 
@@ -329,6 +331,7 @@ _HF: dict[str, tuple[str, str, Callable[[random.Random], dict[str, Any]]]] = {
     "pythia": ("GPTNeoXConfig", "GPTNeoXForCausalLM", _pythia),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", _gemma2),
     **BRIDGE_HF,
+    **DECODER_HF,
 }
 
 #: every family :func:`draw` knows

@@ -20,7 +20,7 @@ TOL = 1e-4
 #: 1e-4, so a residual of size 100 may differ by 1e-2), implied attention relative to the largest magnitude of its
 #: terms (``Σ_n |C_t[n] B_s[n]|`` times the decay and Δ: where the terms cancel, fp32 ``C·B`` is exact only to that)
 LIMITS: dict[str, float] = {"logits": TOL, "resid": TOL, "head_out": TOL, "pattern": TOL, "hook_z": TOL,
-                            "implied": 1e-5, "rows": 1e-5}
+                            "resume": TOL, "implied": 1e-5, "rows": 1e-5}
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -93,8 +93,9 @@ def _hf_forward(hf: Any, tokens: torch.Tensor, **kwargs: Any) -> tuple[Any, list
 def check_case(case: FuzzCase) -> dict[str, float]:
     """Measure one drawn case (see :data:`LIMITS`): logits against HF (Llamba: against its sequential oracle), the
     residual stream at each layer's input against HF's hidden states (where layers map one to one), each SSM
-    mixer's ``hook_head_out`` against the input of HF's ``out_proj`` there, attention patterns and ``hook_z``
-    against HF (transformers), implied attention against its oracle (SSM layers); HF's
+    mixer's ``hook_head_out`` against the input of HF's ``out_proj`` there, attention patterns and ``hook_z`` against
+    HF and a forward resumed at each layer against the full one (transformers; ``hook_z`` split into the layer's
+    heads), implied attention against its oracle (SSM layers); HF's
     weights must come back untouched.  Raises the loader's error where the config is refused."""
     from gather_aggregate.loading import from_hf_model
     from gather_aggregate.protocol import param_checksum
@@ -138,6 +139,12 @@ def check_case(case: FuzzCase) -> dict[str, float]:
         out["pattern"] = max(float((model.pattern(cache, i) - a).abs().max()) for i, a in enumerate(o.attentions))
         out["hook_z"] = max(_close(cache[model.head_hook(i)[0]].flatten(2), hf_head_inputs(case.hf, toks, i))
                             for i in range(len(o.attentions)))
+        if any(cache[info.head_hook].shape[-2:] != (info.n_heads, info.d_head) for info in model.layers):
+            out["hook_z"] = float("inf")  # the right numbers split into the wrong heads
+        with torch.no_grad():  # a forward resumed at each layer, as the exact scans run it (twice: the first learns)
+            out["resume"] = max(float((model(cache[model.resid_hook(i)], start_at_layer=i) - logits).abs().max())
+                                for _ in range(2) for i in range(1, model.n_layers)) if model.n_layers > 1 else 0.0
+            out["resume"] = max(out["resume"], float((model(toks) - logits).abs().max()))  # nothing left behind
     if hasattr(model, "ssm_mixer"):
         out.update(_implied(model, cache))
         ours = [v for k, v in cache.items() if k.endswith("ssm.hook_head_out")]
@@ -165,6 +172,17 @@ def expected_refusals(case: FuzzCase) -> list[str]:
         why.append("qk_layernorm")  # TL's Phi adapter has no q/k norms
     if case.family == "gemma3" and f["attn_logit_softcapping"] is not None:
         why.append("attn_logit_softcapping")  # TL's Gemma 3 attention does not soft-cap
+    if case.family == "gpt_bigcode":
+        why += [k for k in ("multi_query", "scale_attn_weights") if not f[k]]  # TL: multi-query, scaled scores
+    if case.family == "olmoe" and f["clip_qkv"] is not None:
+        why.append("clip_qkv")  # TL's OLMoE attention cannot clip before its q/k norms
+    if case.family == "gemma4_text" and f["hidden_size_per_layer_input"]:
+        why.append("hidden_size_per_layer_input")  # per-layer embeddings need the token ids: no resumed forward
+    if case.family == "laguna" and set(f["num_attention_heads_per_layer"]) != {f["num_attention_heads"]}:
+        why.append("num_attention_heads_per_layer")  # TL's bridge gives every layer num_attention_heads heads
+    if case.family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu") and f["v_head_dim"] != f[
+            "qk_rope_head_dim"]:
+        why.append("v_head_dim")  # TL splits MLA's hook_z into heads of qk_rope_head_dim
     if case.family == "opt":
         why += [k for k, v in (("do_layer_norm_before", False), ("_remove_final_layer_norm", True)) if f[k] == v]
     if case.family == "falcon" and f["new_decoder_architecture"] and (

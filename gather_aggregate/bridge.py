@@ -24,6 +24,12 @@ from torch import Tensor
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, UnsupportedModelError
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, gather_rows, resolve_rows
+from gather_aggregate.support import (  # noqa: F401 - INEXACT_CONFIGS, refuse_inexact: re-exported, their old home
+    INEXACT_CONFIGS,
+    bridge_architecture,
+    refuse_inexact,
+    supported_architectures,
+)
 
 
 def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, tokenizer: Any) -> Any:
@@ -54,6 +60,7 @@ def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, 
     tokenizer = copy.deepcopy(tokenizer)
     try:
         bridge = build_bridge_from_module(hf_model, architecture, hf_config=hf_config, tokenizer=tokenizer)
+        bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)  # refused by some adapters
     except (RuntimeError, ValueError, KeyError, AttributeError, NotImplementedError, TypeError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UnsupportedModelError(
@@ -61,7 +68,6 @@ def _build_bridge(hf_model: torch.nn.Module, architecture: str, hf_config: Any, 
             f"{getattr(hf_config, 'model_type', '?')!r}): {type(exc).__name__}: {first}; this configuration of the "
             "architecture is not supported (TransformerLens 4.3), use a supported one (see supported_model_types())"
         ) from None
-    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
     return bridge
 
 
@@ -79,59 +85,6 @@ def _with_norm_eps(hf_config: Any) -> Any:
     hf_config = copy.deepcopy(hf_config)
     hf_config.layer_norm_epsilon = eps
     return hf_config
-
-
-#: Architectures TransformerLens 4.3's bridge wraps but not exactly for this toolkit, and why.
-INEXACT_ARCHITECTURES: dict[str, str] = {
-    "BloomForCausalLM": "a forward resumed at a layer (start_at_layer, which exact head scans and patching use) "
-                        "does not equal the full forward, and a second resumed call fails",
-}
-
-
-#: Config values (by ``model_type``: field, value, why) TransformerLens 4.3's bridge does not reproduce, found by the
-#: config fuzz (``adapters/config_fuzz.py``).  ``value`` is the refused value, or a test of the config (``get(field)``
-#: -> bool) whose ``why`` then also says what loads.  Of these, OPT's post-LN layout (OPT-350m) and Falcon's new
-#: decoder layout with grouped KV heads or one LayerNorm (Falcon-40B, -180B, Falcon2-11B) are in released checkpoints.
-INEXACT_CONFIGS: dict[str, list[tuple[str, Any, str]]] = {
-    "gpt2": [("scale_attn_weights", False, "always divides the attention scores by sqrt(d_head), so the logits "
-              "would differ from HF's")],
-    "gpt_neox": [("attention_bias", False, "requires the query_key_value bias (it fails inside TransformerLens "
-                  "without one)")],
-    "phi": [("qk_layernorm", True, "does not apply Phi's q/k LayerNorms (it refuses to wrap the attention)")],
-    "gemma3_text": [("attn_logit_softcapping", lambda get: get("attn_logit_softcapping") is not None,
-                     "does not soft-cap Gemma 3's attention scores (logits 0.8 to 3.3 from HF's at a cap of 1.0); "
-                     "only checkpoints with attn_logit_softcapping=None, as every released Gemma 3, load")],
-    "opt": [("do_layer_norm_before", False, "requires the pre-LayerNorm layout and its final LayerNorm (it fails "
-             "inside TransformerLens on the post-LN layout of OPT-350m)"),
-            ("_remove_final_layer_norm", True, "requires the decoder's final LayerNorm (it fails inside "
-             "TransformerLens without one)")],
-    "falcon": [("new_decoder_architecture", lambda get: bool(get("new_decoder_architecture")) and (
-        get("parallel_attn") is False or get("num_ln_in_parallel_attn") == 1
-        or (get("num_kv_heads") or get("num_attention_heads")) != 1),
-        "reproduces the new decoder layout only with one KV head, parallel attention and its two LayerNorms "
-        "ln_attn and ln_mlp (one KV head per query head: logits 0.15 and 0.24 from HF's; grouped KV heads as "
-        "Falcon-40B, parallel_attn=False, or num_ln_in_parallel_attn=1 as Falcon2-11B: it fails inside "
-        "TransformerLens); only checkpoints with num_kv_heads=1, parallel_attn=True and two LayerNorms load")],
-}
-
-
-def refuse_inexact(archs: Sequence[str], config: Any = None) -> None:
-    """Raise :class:`UnsupportedModelError` for an architecture of :data:`INEXACT_ARCHITECTURES` or a config value
-    of :data:`INEXACT_CONFIGS`."""
-    for arch in archs:
-        if arch in INEXACT_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"{arch} is not supported: in TransformerLens 4.3's bridge {INEXACT_ARCHITECTURES[arch]}; use a "
-                "decoder such as GPT2LMHeadModel, GPTNeoXForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM")
-    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
-    for field, value, why in INEXACT_CONFIGS.get(str(get("model_type")), []) if config is not None else []:
-        if callable(value) and value(get):
-            raise UnsupportedModelError(f"{get('model_type')} with {field}={get(field)!r} is not supported: "
-                                        f"TransformerLens 4.3's bridge {why}")
-        if not callable(value) and get(field) == value:
-            raise UnsupportedModelError(
-                f"{get('model_type')} with {field}={value!r} is not supported: TransformerLens 4.3's bridge {why}; "
-                f"only checkpoints with the family's usual {field}={not value!r} load")
 
 
 def _required_args(module: Any) -> int:
@@ -160,13 +113,6 @@ def _rotates_halves(attn: Any) -> bool:
         return False
 
 
-def supported_architectures() -> list[str]:
-    """HF architecture class names TransformerLens' bridge can wrap."""
-    from transformer_lens.factories.architecture_adapter_factory import ArchitectureAdapterFactory
-
-    return sorted(ArchitectureAdapterFactory._adapters)
-
-
 class BridgeModel(ProtocolMixin):
     """A transformer, hooked by TransformerLens' ``TransformerBridge``, speaking the protocol."""
 
@@ -178,8 +124,10 @@ class BridgeModel(ProtocolMixin):
         self.n_ctx = int(cfg.n_ctx) if getattr(cfg, "n_ctx", None) else None
         self.d_vocab = int(cfg.d_vocab)
         self._block_returns_tuple: bool | None = None  # learnt on the first start_at_layer call
+        per_layer = getattr(cfg, "per_layer_head_dim", None) or []  # Gemma 4: wider heads on its global layers
         self._layers = [
-            LayerInfo(index=i, kind="attn", n_heads=int(cfg.n_heads), d_head=int(cfg.d_head),
+            LayerInfo(index=i, kind="attn", n_heads=int(cfg.n_heads),
+                      d_head=int(per_layer[i]) if i < len(per_layer) and per_layer[i] else int(cfg.d_head),
                       head_hook=f"blocks.{i}.attn.hook_z")
             for i in range(int(cfg.n_layers))
         ]
@@ -188,19 +136,16 @@ class BridgeModel(ProtocolMixin):
     def from_hf(cls, hf_model: torch.nn.Module, tokenizer: Any = None, *, copy_model: bool = True,
                 name: str | None = None) -> BridgeModel:
         """Wrap an in-memory HF causal LM.  The user's model is deep-copied first (the bridge edits its module tree)."""
-        from gather_aggregate.support import refuse_unservable
+        from gather_aggregate.support import refuse_non_decoder, refuse_unservable, unbridged_message
 
         config = hf_model.config
         archs = list(getattr(config, "architectures", None) or [type(hf_model).__name__])
         refuse_unservable(config, archs)
         refuse_inexact(archs, config)
-        supported = set(supported_architectures())
-        arch = next((a for a in archs if a in supported), None)
+        refuse_non_decoder(config, archs)
+        arch = bridge_architecture(archs)
         if arch is None:
-            raise UnsupportedModelError(
-                f"architecture {archs} (model_type {getattr(config, 'model_type', '?')!r}) is not supported by "
-                f"TransformerLens' bridge; supported: {', '.join(sorted(supported))}"
-            )
+            raise UnsupportedModelError(unbridged_message(getattr(config, "model_type", "?"), archs))
         module = copy.deepcopy(hf_model) if copy_model else hf_model
         module.eval()
         bridge = _build_bridge(module, arch, config, tokenizer)
@@ -229,8 +174,28 @@ class BridgeModel(ProtocolMixin):
             self._check_resume(tokens, start_at_layer)
         if stop_at_layer is not None and not 0 <= stop_at_layer <= self.n_layers:
             raise InputError(f"stop_at_layer must be in [0, {self.n_layers}], got {stop_at_layer}")
-        with self._skip_blocks_below(start_at_layer or 0):
+        with self._skip_blocks_below(start_at_layer or 0), self._residual_past_input_projection(start_at_layer):
             return self.module(tokens, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, **kwargs)
+
+    @contextlib.contextmanager
+    def _residual_past_input_projection(self, start_at_layer: int | None) -> Iterator[None]:
+        """While resuming, let the residual TL feeds in as input embeddings pass OPT's ``project_in`` unchanged.
+
+        TL drives a resumed forward with the residual as ``inputs_embeds`` and swaps it back in at the resumed
+        block, so what reaches the blocks below is discarded; OPT's ``project_in`` (``word_embed_proj_dim`` to
+        ``d_model``) would refuse a ``d_model``-wide input.  Its forward is the identity for the call (an instance
+        attribute on the bridge's private copy, removed on exit)."""
+        model = getattr(getattr(getattr(self.module, "original_model", None), "model", None), "decoder", None)
+        proj = getattr(model, "project_in", None)
+        proj = getattr(proj, "original_component", proj)  # the HF Linear inside TL's wrapper, if wrapped
+        if start_at_layer is None or proj is None:
+            yield
+            return
+        proj.forward = lambda x: x
+        try:
+            yield
+        finally:
+            proj.__dict__.pop("forward", None)
 
     @contextlib.contextmanager
     def _skip_blocks_below(self, k: int) -> Iterator[None]:
@@ -297,6 +262,8 @@ class BridgeModel(ProtocolMixin):
             getattr(block.mlp, "original_component", None)) <= 1  # not Bloom's MLP, which adds the residual itself
         if not mlp_ok:
             return None  # also a containerless bridge (OPT's fc1/fc2 sit on the layer): its MLP cannot run alone
+        if kind == "Block" or not hasattr(self.module, "ln_final"):
+            return None  # GPT-1 (OpenAIGPT's Block): post-LN, norms after each residual sum and no final norm
         if getattr(self.cfg, "parallel_attn_mlp", False):
             if kind == "GPTNeoXLayer" and getattr(config, "use_parallel_residual", False) and hasattr(block, "ln2"):
                 return "parallel_ln2"
@@ -324,7 +291,10 @@ class BridgeModel(ProtocolMixin):
         form = self._block_form(info.index)
         if form is None:
             return None
-        w_o = self.module.blocks[info.index].attn.W_O  # [head, d_head, d_model]
+        try:
+            w_o = self.module.blocks[info.index].attn.W_O  # [head, d_head, d_model]
+        except ValueError:  # TL's PerLayerGeometryError: heads TL cannot split (attention without the shortcut)
+            return None
         hook = "ln1_post.hook_in" if form == "post_norm" else "hook_attn_out"
         return f"blocks.{info.index}.{hook}", w_o.reshape(-1, w_o.shape[-1]).T
 
@@ -347,7 +317,8 @@ class BridgeModel(ProtocolMixin):
 
         def mlp(x: Tensor) -> Tensor:
             out = block.mlp(x)
-            return out[0] if isinstance(out, tuple) else out  # a mixture of experts also returns router scores
+            out = out[0] if isinstance(out, tuple) else out  # a mixture of experts also returns router scores
+            return out.reshape(*x.shape[:-1], out.shape[-1])  # Llama 4's experts answer [batch * pos, d_model]
 
         if form == "parallel":
             resid = resid_pre + mixer_out + mlp(block.ln1(resid_pre))
@@ -388,7 +359,10 @@ class BridgeModel(ProtocolMixin):
         x = block.ln1(resid_pre)
         b, n_pos, _ = x.shape
         d = attn.head_dim
-        cos, sin = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))  # [batch, pos, d_head]
+        emb = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))  # cos, sin: [batch, pos, d_head]
+        if not (isinstance(emb, tuple) and len(emb) == 2):  # Llama 4's complex frequencies: not written here
+            return None
+        cos, sin = emb
         if cos.shape[-1] != d or not _rotates_halves(attn):  # partial or interleaved rotary: not written here
             return None
         at = torch.arange(b, device=x.device)[:, None]

@@ -44,11 +44,12 @@ def ssm_model_types() -> tuple[str, ...]:
 
 
 def supported_model_types() -> dict[str, list[str]]:
-    """What ``load_model`` accepts: SSM/hybrid ``model_type``s and transformer architectures."""
-    from gather_aggregate.bridge import supported_architectures
+    """What ``load_model`` accepts: SSM/hybrid ``model_type``s and the decoder-only transformer architectures it
+    serves through TransformerLens' bridge (:func:`gather_aggregate.support.decoder_architectures`)."""
+    from gather_aggregate.support import decoder_architectures
 
     return {"ssm_and_hybrid_model_types": sorted(ssm_model_types()),
-            "transformer_architectures": supported_architectures()}
+            "transformer_architectures": decoder_architectures()}
 
 
 def parse_device(device: Any) -> Any:
@@ -358,15 +359,16 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if kwargs:
         raise UnsupportedModelError(f"options {sorted(kwargs)} apply only to SSM/hybrid models, not {model_type!r}")
 
-    from gather_aggregate.bridge import BridgeModel, refuse_inexact, supported_architectures
-    from gather_aggregate.support import refuse_unservable
+    from gather_aggregate.bridge import BridgeModel, bridge_architecture, refuse_inexact
+    from gather_aggregate.support import refuse_non_decoder, refuse_unservable, unbridged_message
 
     archs = list(getattr(config, "architectures", None) or [])
     refuse_unservable(config, archs)
+    refuse_non_decoder(config, archs)
     refuse_inexact(archs, config)
     _refuse_empty(config, source)
-    if not any(a in supported_architectures() for a in archs):
-        raise UnsupportedModelError(_unsupported_message(model_type, archs))
+    if bridge_architecture(archs) is None:
+        raise UnsupportedModelError(unbridged_message(model_type, archs))
     from transformers import AutoModelForCausalLM
 
     if device is not None and device_map is not None:
@@ -467,8 +469,11 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
 
 
 def _unsupported_message(model_type: Any, archs: list[str]) -> str:
-    from gather_aggregate.bridge import supported_architectures
+    """The refusal of a ``model_type`` transformers itself does not know (so neither the bridge nor our adapters)."""
+    import transformers
 
-    return (f"model_type {model_type!r} (architectures {archs}) is not supported. Supported SSM/hybrid model types: "
-            f"{', '.join(sorted(ssm_model_types())) or '(none installed)'}; supported transformer architectures: "
-            f"{', '.join(supported_architectures())}")
+    return (f"model_type {model_type!r} (architectures {archs}) is not supported: transformers "
+            f"{transformers.__version__} does not know it. Supported SSM/hybrid model types: "
+            f"{', '.join(sorted(ssm_model_types())) or '(none installed)'}; transformers: every decoder-only "
+            "architecture TransformerLens 4.3's bridge wraps (e.g. LlamaForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel; "
+            "gather_aggregate.supported_model_types() lists them)")

@@ -123,18 +123,18 @@ def tiny_transformer(family: str, *, seed: int = 0, tokenizer: Any = None, attn_
 
 
 def hf_output_projection(hf_model: Any, layer: int) -> Any:
-    """HF's attention output projection of ``layer`` (``o_proj``, ``c_proj``, ``dense`` or ``out_proj`` under the
-    layer's attention), whose input is the heads' outputs side by side: the module an HF-side reference ablation
+    """HF's attention output projection of ``layer`` (``o_proj``, ``c_proj``, ``dense``, ``out_proj`` or ``Wo``
+    (ModernBERT) under the layer's attention, in a stack named ``layers``, ``h`` or ``blocks`` (MPT)), whose input is the heads' outputs side by side: the module an HF-side reference ablation
     hooks."""
     import torch
 
     n_layers = hf_model.config.num_hidden_layers
     stacks = [m for name, m in hf_model.named_modules()
-              if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and name.split(".")[-1] in ("layers", "h")]
+              if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and name.split(".")[-1] in ("layers", "h", "blocks")]
     for name, mod in stacks[0][layer].named_modules():
         parts = name.split(".")
         if len(parts) >= 2 and ("attn" in parts[-2] or "attention" in parts[-2]) and \
-                parts[-1] in ("o_proj", "c_proj", "dense", "out_proj"):
+                parts[-1] in ("o_proj", "c_proj", "dense", "out_proj", "Wo"):
             return mod
     raise LookupError(f"no attention output projection in layer {layer} of {type(hf_model).__name__}")
 
