@@ -44,7 +44,7 @@ def run_case(family: str, seed: int) -> None:
 
 
 #: seeds per family in the default suite: 3, and 1 for the families of ``config_fuzz_decoders`` (each case there builds
-#: a TransformerLens bridge, about 0.25 s: 3 seeds of its 44 families would add 33 s, 1 adds 11 s; ``-m slow`` runs 40)
+#: a TransformerLens bridge, 0.25-0.35 s: 1 seed of its 44 families adds 14 s here, 3 would add about 43 s; ``-m slow`` runs 40)
 DEFAULT_CASES = [(f, s) for f in FAMILIES for s in range(1 if f in DECODER_HF else 3)]
 
 
