@@ -180,11 +180,14 @@ def refuse_non_decoder(config: Any, archs: list[str] | None = None) -> None:
     """Raise :class:`UnsupportedModelError` for an encoder-decoder (``is_encoder_decoder``, or a type transformers
     maps to a sequence-to-sequence LM: T5, BART, ...), a multimodal wrapper (a vision or audio tower beside its
     language model: Gemma 3, Llama 4, LLaVA ...) or a bidirectional encoder (a masked-LM type such as BERT or RoBERTa,
-    even with ``is_decoder=True``: TransformerLens' BERT adapter is built for the masked-LM encoder), or a decoder
-    family set to attend both ways (``use_bidirectional_attention``: EmbeddingGemma).  The protocol analyses causal
+    even with ``is_decoder=True``: TransformerLens' BERT adapter is built for the masked-LM encoder), a decoder
+    family set to attend both ways (``use_bidirectional_attention``: EmbeddingGemma) or a type transformers has no
+    causal LM for (ViT, Wav2Vec2, ...: TL's bridge wraps some).  The protocol analyses causal
     attention over a prompt; an encoder's attention sees the future (its pattern rows are not causal) and an
     encoder-decoder's decoder attends to an encoder's states, not to the prompt."""
+    from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
         MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     )
@@ -208,6 +211,10 @@ def refuse_non_decoder(config: Any, archs: list[str] | None = None) -> None:
             f"{what} has use_bidirectional_attention={get('use_bidirectional_attention')!r} (an embedding model: "
             "every position attends to later ones, so attention patterns are not causal); gather-aggregate analyses "
             f"causal language models: load the causal checkpoint of the family, or {_DECODERS}")
+    if model_type in CONFIG_MAPPING and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UnsupportedModelError(
+            f"{what} is no causal language model (transformers has no causal-LM class for it: an image, audio or "
+            f"other encoder, which TransformerLens' bridge may wrap but whose heads see no prompt); load {_DECODERS}")
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         raise UnsupportedModelError(
             f"{what} is a bidirectional encoder (masked-LM; every position attends to later ones, so attention "

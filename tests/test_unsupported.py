@@ -79,6 +79,8 @@ def _refused_config(kind: str):
         "jetmoe": (lambda: t.JetMoeConfig(vocab_size=61, hidden_size=16, num_hidden_layers=2), "JetMoeForCausalLM"),
         "vaultgemma": (lambda: t.VaultGemmaConfig(**tiny), "VaultGemmaForCausalLM"),
         "hrm_text": (lambda: t.HrmTextConfig(), "HrmTextForCausalLM"),
+        "vit": (lambda: t.ViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32),
+                "ViTForImageClassification"),
     }[kind]
     config = cfg()
     config.architectures = [arch]
@@ -89,13 +91,14 @@ REFUSALS = {"helium": "TransformerLens 4.3's bridge has no adapter for this arch
             "t5": "is an encoder-decoder model", "bert": "is a bidirectional encoder",
             "gemma3": "is a multimodal wrapper (its vision_config", "embeddinggemma": "use_bidirectional_attention=True",
             "jetmoe": "no per-head output hook", "vaultgemma": "refuses the compatibility mode",
-            "hrm_text": "nested recurrence"}
+            "hrm_text": "nested recurrence", "vit": "is no causal language model"}
 
 
 @pytest.mark.parametrize("kind", list(REFUSALS))
 def test_what_is_no_bridged_decoder_is_refused_in_one_line_before_its_weights(kind, tmp_path):
     """A transformer TransformerLens' bridge has no adapter for (Helium), an encoder-decoder (T5), an encoder (BERT),
-    a multimodal wrapper (Gemma 3), an embedding model (EmbeddingGemma) and the families the bridge serves inexactly:
+    a multimodal wrapper (Gemma 3), an embedding model (EmbeddingGemma), an image classifier TL's bridge wraps (ViT)
+    and the families the bridge serves inexactly:
     one line naming why and what loads, from the directory's config.json alone (no weights, no tokenizer there).
     Before, Helium's listed the SSM types and every TL architecture (ViT and Wav2Vec2 among them) and the others
     passed every load-time check (here on to a 'no weights' error; with weights BERT loaded as a bidirectional
@@ -107,7 +110,7 @@ def test_what_is_no_bridged_decoder_is_refused_in_one_line_before_its_weights(ki
         load_model(tmp_path, tokenizer=False)
     msg = str(err.value)
     assert REFUSALS[kind] in msg and "\n" not in msg, msg
-    if kind in ("helium", "t5", "bert", "embeddinggemma"):
+    if kind in ("helium", "t5", "bert", "embeddinggemma", "vit"):
         assert "LlamaForCausalLM" in msg  # names what to load instead
     if kind == "gemma3":
         assert "gemma3_text" in msg  # names the language model's own type
