@@ -31,8 +31,9 @@ from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make
 from gather_aggregate.adapters.placement import refuse_split
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, NonFiniteError
+from gather_aggregate.hook_checks import CheckedHooks
 from gather_aggregate.indices import layer_bound
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, device_of, resolve_rows
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin, device_of, resolve_rows
 
 #: Default budget (bytes) for implied-attention computations; ``model.max_pattern_bytes`` overrides.
 DEFAULT_PATTERN_BUDGET = 2 * 1024**3
@@ -78,7 +79,7 @@ class SSMBlock(nn.Module):
         return self.hook_resid_post(skip + self.hook_mixer_out(mixer_out))
 
 
-class HookedSSM(ProtocolMixin, HookedRootModule):
+class HookedSSM(ProtocolMixin, CheckedHooks, HookedRootModule):
     """Hooked Mamba-1 / Mamba-2 causal LM answering the gather-aggregate model protocol.
 
     Build one with :func:`gather_aggregate.adapters.load_ssm` (HF directory,
@@ -226,16 +227,6 @@ class HookedSSM(ProtocolMixin, HookedRootModule):
     def _scale_logits(self, logits: Tensor) -> Tensor:
         """The unembedding's output as the family's HF model scales it (none here; μP families override)."""
         return logits
-
-    def run_with_hooks(self, *args: Any, fwd_hooks: Any = (), bwd_hooks: Any = (), **kwargs: Any) -> Any:
-        """TransformerLens' ``run_with_hooks``; a hook name the model does not have is one :class:`InputError`."""
-        check_hook_names(self, [*fwd_hooks, *bwd_hooks])
-        return super().run_with_hooks(*args, fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
-
-    def hooks(self, fwd_hooks: Any = (), bwd_hooks: Any = (), *args: Any, **kwargs: Any) -> Any:
-        """TransformerLens' ``hooks`` context manager, with the same check of the hook names."""
-        check_hook_names(self, [*fwd_hooks, *bwd_hooks])
-        return super().hooks(list(fwd_hooks), list(bwd_hooks), *args, **kwargs)
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Like TransformerLens: ``(output, ActivationCache)``; all ``forward`` keywords pass through."""

@@ -23,7 +23,9 @@ from torch import Tensor
 
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, UnsupportedModelError
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, check_hook_names, gather_rows, resolve_rows
+from gather_aggregate.hook_checks import check_hook_names, checked_hooks
+from gather_aggregate.indices import layer_bound
+from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
 from gather_aggregate.support import (  # noqa: F401 - INEXACT_CONFIGS, refuse_inexact: re-exported, their old home
     INEXACT_CONFIGS,
     bridge_architecture,
@@ -168,12 +170,14 @@ class BridgeModel(ProtocolMixin):
                 **kwargs: Any) -> Tensor:
         """Logits ``[batch, pos, vocab]``; with ``start_at_layer`` the input is the residual entering that layer;
         with ``stop_at_layer`` the output is the residual entering that layer."""
+        stop_at_layer = layer_bound(stop_at_layer, "stop_at_layer", self.n_layers)
         if start_at_layer is None:
             tokens = self.validate_tokens(tokens)
         else:
-            self._check_resume(tokens, start_at_layer)
-        if stop_at_layer is not None and not 0 <= stop_at_layer <= self.n_layers:
-            raise InputError(f"stop_at_layer must be in [0, {self.n_layers}], got {stop_at_layer}")
+            start_at_layer = layer_bound(start_at_layer, "start_at_layer", self.n_layers)
+            tokens = self._check_resume(tokens, start_at_layer)
+            if stop_at_layer is not None and stop_at_layer < start_at_layer:
+                raise InputError(f"stop_at_layer={stop_at_layer} comes before start_at_layer={start_at_layer}")
         with self._skip_blocks_below(start_at_layer or 0), self._residual_past_input_projection(start_at_layer):
             return self.module(tokens, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, **kwargs)
 
@@ -395,29 +399,48 @@ class BridgeModel(ProtocolMixin):
             return None
         return int(window)
 
-    def _check_resume(self, resid: Any, start_at_layer: int) -> None:
-        if not isinstance(start_at_layer, int) or isinstance(start_at_layer, bool) \
-                or not 0 <= start_at_layer < self.n_layers:
-            raise InputError(f"start_at_layer must be an int in [0, {self.n_layers - 1}], got {start_at_layer!r}")
-        if not isinstance(resid, Tensor) or resid.dim() != 3 or not resid.is_floating_point():
-            raise InputError("with start_at_layer, pass the residual stream [batch, pos, d_model] (a float tensor)")
+    def _check_resume(self, resid: Any, start_at_layer: int) -> Tensor:
+        """The residual stream entering ``start_at_layer``, checked (shape, device, dtype, finite); an fp32 one is
+        cast to a half-precision model's dtype, as the SSM adapters take it."""
+        if start_at_layer >= self.n_layers:
+            raise InputError(f"start_at_layer must be in [0, {self.n_layers - 1}] (or negative from the end), got "
+                             f"{start_at_layer}")
+        d_model = self.cfg.d_model
+        if not isinstance(resid, Tensor) or resid.dim() != 3 or not resid.is_floating_point() \
+                or resid.shape[-1] != d_model:
+            got = tuple(resid.shape) if isinstance(resid, Tensor) else type(resid).__name__
+            raise InputError(f"with start_at_layer, pass the residual stream [batch, pos, d_model={d_model}] (a float "
+                             f"tensor, e.g. cache['blocks.{start_at_layer}.hook_resid_pre']), got {got}")
+        if resid.device != self.device:
+            raise InputError(f"residual is on {resid.device} but the model is on {self.device}; move it with "
+                             f"resid.to('{self.device}')")
+        dtype = next(self.module.parameters()).dtype
+        if resid.dtype != dtype and resid.dtype != torch.float32:
+            raise InputError(f"residual dtype {resid.dtype} does not match the model ({dtype}); pass resid.to({dtype})")
         self.check_residual(resid)
+        return resid.to(dtype)
 
     def run_with_cache(self, tokens: Any, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
         if kwargs.get("start_at_layer") is None:
             tokens = self.validate_tokens(tokens)
+        wanted = kwargs.get("names_filter")
+        wanted = [wanted] if isinstance(wanted, str) else wanted if isinstance(wanted, (list, tuple)) else []
+        check_hook_names(self, [(name, _keep) for name in wanted if isinstance(name, str)])  # was TL's KeyError
         return self.module.run_with_cache(tokens, *args, **kwargs)
 
-    def run_with_hooks(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
-        check_hook_names(self, [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())])
+    def run_with_hooks(self, tokens: Any, *args: Any, fwd_hooks: Sequence[tuple[Any, Any]] = (),
+                       bwd_hooks: Sequence[tuple[Any, Any]] = (), **kwargs: Any) -> Tensor:
+        """TransformerLens' ``run_with_hooks``, with the checks of :mod:`gather_aggregate.hook_checks`."""
+        check_hook_names(self, list(bwd_hooks))
+        fwd = checked_hooks(self, fwd_hooks)
         if kwargs.get("start_at_layer") is None:
             tokens = self.validate_tokens(tokens)
-        return self.module.run_with_hooks(tokens, *args, **kwargs)
+        return self.module.run_with_hooks(tokens, *args, fwd_hooks=fwd, bwd_hooks=list(bwd_hooks), **kwargs)
 
     def hooks(self, fwd_hooks: Sequence[tuple[Any, Any]] = (), bwd_hooks: Sequence[tuple[Any, Any]] = (),
               **kwargs: Any) -> Any:
-        check_hook_names(self, [*fwd_hooks, *bwd_hooks])
-        return self.module.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
+        check_hook_names(self, list(bwd_hooks))
+        return self.module.hooks(fwd_hooks=checked_hooks(self, fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
 
     def _pattern(self, tokens_or_cache: Any, info: LayerInfo, heads: list[int], rows: Any, **kwargs: Any) -> Tensor:
         name = f"blocks.{info.index}.attn.hook_pattern"
@@ -445,3 +468,7 @@ class BridgeModel(ProtocolMixin):
 
     def __repr__(self) -> str:
         return f"BridgeModel({self.name!r}, layers={self.n_layers}, heads={self._layers[0].n_heads if self._layers else 0})"
+
+
+def _keep(activation: Any, hook: Any = None) -> None:
+    """A hook that changes nothing: stands for a cache name in the name check."""

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from gather_aggregate.checks import HEAD_KINDS, is_cache, names, token_tensor
 from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
+from gather_aggregate.hook_checks import check_hook_names as check_hook_names  # re-exported: their old home
+from gather_aggregate.hook_checks import hook_dict_of as hook_dict_of
 from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
 from gather_aggregate.indices import is_index as _is_index
@@ -459,30 +461,6 @@ def gather_rows(full: Float[Tensor, "batch head query key"], rows: Tensor | None
     b, h, _, k = full.shape
     idx = rows[:, None, :, None].expand(b, h, rows.shape[1], k)
     return full.gather(2, idx)
-
-
-def hook_dict_of(model: Any) -> dict[str, Any] | None:
-    """The model's TransformerLens ``hook_dict`` (its own, or its wrapped ``module``'s); ``None`` without one."""
-    names = getattr(model, "hook_dict", None)
-    if names is None:
-        names = getattr(getattr(model, "module", None), "hook_dict", None)
-    return names if isinstance(names, dict) else None
-
-
-def check_hook_names(model: Any, hooks: Sequence[Any]) -> None:
-    """Every ``(name, fn)`` of ``hooks`` names a hook point of ``model`` (a callable name filter passes)."""
-    names = hook_dict_of(model)
-    if names is None:
-        return
-    for item in hooks:
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise InputError(f"hooks must be (hook_name, fn) pairs, got {item!r}")
-        if not callable(item[1]):  # was a TypeError from inside TransformerLens' hook point
-            raise InputError(f"the hook for {item[0]!r} must be a function fn(tensor, hook) -> tensor or None, got "
-                             f"{type(item[1]).__name__}")
-        if isinstance(item[0], str) and item[0] not in names:
-            raise InputError(f"no hook named {item[0]!r} on this model; use its own names, e.g. model.head_hook(layer)"
-                             f"[0] or model.resid_hook(layer) ({len(names)} hooks in model.hook_dict)")
 
 
 def device_of(model: torch.nn.Module | HookedModel) -> torch.device:

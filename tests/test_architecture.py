@@ -21,7 +21,7 @@ MAX_LINES = 500
 #: The layers, in import order: a module may import modules of its own layer or an earlier one.
 #: Names are module paths below ``gather_aggregate`` (a package name covers every module in it).
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core": ("_lazy", "errors", "checks", "indices", "io", "session", "protocol", "readout", "metrics"),
+    "core": ("_lazy", "errors", "checks", "indices", "io", "session", "hook_checks", "protocol", "readout", "metrics"),
     "tasks/models": ("tasks", "adapters", "loading", "support", "bridge", "zoo", "testing", "hybridise.config",
                      "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
     "interventions": ("interventions", "layer_resume", "distributed"),

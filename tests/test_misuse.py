@@ -208,6 +208,46 @@ def test_ablate_is_a_context_manager_checked_where_it_is_written(world):
     assert count_hooks(model) == hooks and param_checksum(model) == before
 
 
+@pytest.mark.parametrize("which", ["ssm", "transformer"])
+def test_a_hook_returning_another_shape_is_refused_where_it_runs(world, ssm, which):
+    """z[:, :1] for z was broadcast on without a word (normal-looking logits); a list went on to a deep error."""
+    model = ssm if which == "ssm" else world[0]
+    tokens = world[2] if which == "transformer" else torch.tensor([[1, 2, 3, 4]])
+    name = model.head_hook(0)[0]
+    hooks, clean = count_hooks(model), model(tokens)
+    for bad, needle in ((lambda z, hook: z[:, :1], r"returned shape \(\d+, 1, "), (lambda z, hook: [z], "returned a list")):
+        with pytest.raises(InputError, match=needle) as err:
+            model.run_with_hooks(tokens, fwd_hooks=[(name, bad)])
+        assert name in _one_line(err.value)
+        with pytest.raises(InputError, match=needle), model.hooks(fwd_hooks=[(name, bad)]):
+            model(tokens)
+    assert count_hooks(model) == hooks
+    torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=[(name, lambda z, hook: None)]), clean)
+    torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=[(name, lambda z, hook: z.clone())]), clean)
+
+
+def test_a_transformers_resumed_forward_checks_what_it_is_given(world):
+    """Each was a TypeError in the bridge, an HF shape error, a dtype error of torch.matmul or TL's KeyError."""
+    import copy
+
+    model, _, tokens, _ = world
+    resid = model(tokens, stop_at_layer=1)
+    for kwargs, needle in ((dict(stop_at_layer="1"), "stop_at_layer='1' is out of range"),
+                           (dict(start_at_layer=1, stop_at_layer=0), "comes before start_at_layer"),
+                           (dict(start_at_layer=1, inp=resid[..., :-1]), "d_model="),
+                           (dict(start_at_layer=1, inp=resid.double()), "pass resid.to")):
+        with pytest.raises(InputError, match=needle) as err:
+            model(kwargs.pop("inp", resid if "start_at_layer" in kwargs else tokens), **kwargs)
+        _one_line(err.value)
+    torch.testing.assert_close(model(resid, start_at_layer=-1), model(tokens))  # negative: from the end, as SSMs
+    with pytest.raises(InputError, match="no hook named 'blocks.0.attn.hook_zz'"):
+        model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_zz")
+    half = copy.deepcopy(model)
+    half.module.to(torch.bfloat16)
+    out = half(resid, start_at_layer=1)  # fp32 residual into a bf16 model: cast, as the SSM adapters do
+    torch.testing.assert_close(out, half(resid.bfloat16(), start_at_layer=1))
+
+
 def test_head_names_in_any_case_on_the_command_line():
     from gather_aggregate.cli import head_pairs
 

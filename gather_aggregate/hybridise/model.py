@@ -32,6 +32,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.hook_checks import CheckedHooks
 from gather_aggregate.hybridise.config import MODEL_TYPE, HeadHybridConfig
 from gather_aggregate.hybridise.layers import HeadHybridBlock, _model_parts
 from gather_aggregate.indices import layer_bound
@@ -40,7 +41,7 @@ from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, res
 WEIGHTS = "model.safetensors"
 
 
-class HookedHeadHybrid(ProtocolMixin, HookedRootModule):
+class HookedHeadHybrid(ProtocolMixin, CheckedHooks, HookedRootModule):
     """A Llama whose heads are softmax attention (``cfg.kept``) or Mamba-2-style SSM heads (the rest).
 
     Build one from a teacher with :func:`gather_aggregate.hybridise.hybridise`;
