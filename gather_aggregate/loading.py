@@ -197,7 +197,9 @@ def load_tokenizer(source: str) -> Any:
             tok = PreTrainedTokenizerFast.from_pretrained(source)
         return tok
     except Exception as exc:  # noqa: BLE001
-        raise TokenizerMissingError(f"could not load the tokenizer of {source!r}: {exc}; pass tokenizer=...") from None
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # transformers' messages run to many lines
+        raise TokenizerMissingError(f"could not load the tokenizer of {source!r} ({why}); pass tokenizer= a tokenizer "
+                                    "object or a directory saved with tokenizer.save_pretrained(dir)") from None
 
 
 def _config_for_tokenizer(source: str) -> dict[str, Any]:
@@ -439,7 +441,8 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
     """Hook an in-memory HF model without touching it (its weights are copied, never edited).
 
     SSM and hybrid ``model_type``s go to :func:`gather_aggregate.adapters.load_ssm`, transformers to the
-    TransformerLens bridge.  ``tokenizer`` is a tokenizer object; ``head_size`` groups Mamba-1 channels into heads
+    TransformerLens bridge.  ``tokenizer`` is a tokenizer object or a directory to load one from (as in
+    :func:`load_model`); ``head_size`` groups Mamba-1 channels into heads
     (SSMs only: a transformer refuses it, as :func:`load_model` does).
     """
     import torch
@@ -448,9 +451,7 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
         raise InputError(f"from_hf_model takes an in-memory transformers model (e.g. "
                          f"AutoModelForCausalLM.from_pretrained(dir)), got {type(hf_model).__name__}; for a directory "
                          "or zoo name use load_model(...)")
-    if isinstance(tokenizer, (str, bytes, bool, int, float, list, tuple, dict, os.PathLike)):
-        raise InputError(f"tokenizer must be a tokenizer object (e.g. AutoTokenizer.from_pretrained(dir)), got "
-                         f"{type(tokenizer).__name__}")
+    tokenizer = None if tokenizer is None or tokenizer is False else _user_tokenizer(tokenizer)  # as load_model
     model_type = getattr(hf_model.config, "model_type", None)
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
