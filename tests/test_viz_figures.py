@@ -213,6 +213,8 @@ def test_kv_accuracy_curve_with_binomial_error_bars_and_chance():
     assert len(no_n.data) == 2 and no_n.data[0].error_y.array is None
     with pytest.raises(InputError, match="positive"):
         kv_accuracy_curve([{"model": "m", "dict_size": 0, "accuracy": 0.5}])
+    with pytest.raises(InputError, match=r"fraction in \[0, 1\], got \[66.0\] \(divide percentages by 100\)"):
+        kv_accuracy_curve([{"model": "m", "dict_size": 4, "accuracy": 66.0, "n": 10}])  # was drawn at 66 with no error bar
 
 
 def test_layer_pruning_curve_marks_layer_kinds():

@@ -329,6 +329,9 @@ def kv_accuracy_curve(
         ps = [number(r[accuracy], column=accuracy, row=j, what=what) for j, r in enumerate(rs)]
         if any(s is not None and s <= 0 for s in xs):
             raise InputError(f"{what}: {size} must be positive, got {[s for s in xs if s is not None and s <= 0]}")
+        if any(p is not None and not 0 <= p <= 1 for p in ps):  # e.g. 66 for 66 %: drawn off the scale, its binomial error clipped to 0
+            raise InputError(f"{what}: {accuracy} must be a fraction in [0, 1], got "
+                             f"{[p for p in ps if p is not None and not 0 <= p <= 1]} (divide percentages by 100)")
         all_sizes.update(s for s in xs if s is not None)
         errs: list[float] | None = None
         if all(stderr in r for r in rs):
