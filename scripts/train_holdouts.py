@@ -62,7 +62,9 @@ HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5)
             "arrow-llama": dict(family="llama", fmt="arrow", seed=13, world_seed=7),
             "arrow-mamba1": dict(family="mamba1", fmt="arrow", seed=17, world_seed=8, batch=32, lr=2e-3),
             "arrow-neox": dict(family="neox", fmt="arrow", seed=19, world_seed=9),
-            "arrow-mamba2": dict(family="mamba2", fmt="arrow", seed=23, world_seed=10)}
+            "arrow-mamba2": dict(family="mamba2", fmt="arrow", seed=23, world_seed=10),
+            "ledger-llama4": dict(family="llama", fmt="ledger", seed=29, world_seed=11, n_layers=4),
+            "ledger-qwen3": dict(family="qwen3", fmt="ledger", seed=31, world_seed=12, n_layers=4)}
 N_EVAL_PAIRS = 8
 
 
@@ -79,14 +81,14 @@ def format_world(seed: int, fmt: str) -> Any:
     return TableWorld(**{f: getattr(w, f) for f in w.__dataclass_fields__})
 
 
-def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: int) -> Any:
-    """A fresh d-128 HF causal LM of ``family`` (seeded by ``seed``): 2 layers, 3 for ``mamba2``."""
+def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: int, n_layers: int = 2) -> Any:
+    """A fresh d-128 HF causal LM of ``family`` (seeded by ``seed``): ``n_layers`` layers (3 for ``mamba2``)."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=eos_id,
-                  tie_word_embeddings=False, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  tie_word_embeddings=False, hidden_size=128, intermediate_size=256, num_hidden_layers=n_layers,
                   num_attention_heads=4, max_position_embeddings=1024)
     if family == "neox":
         return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(rotary_pct=0.25, **common))
@@ -94,6 +96,8 @@ def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: 
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **common))
     if family == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=4, **common))
+    if family == "qwen3":  # q/k RMSNorms per head, grouped-query attention (4 query heads on 2 key/value heads)
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(num_key_value_heads=2, head_dim=32, **common))
     if family == "mamba1":  # the project's own builder (trains through its chunked S6 scan), as mamba1-ga
         from gather_aggregate.training.train import TrainConfig, build_model
 
@@ -107,7 +111,7 @@ def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: 
         cfg = TrainConfig(arch="mamba2", out="", seed=seed, n_layers=3, d_model=128, n_heads=8,
                           d_state=32).resolved()
         return build_model(cfg, vocab_size, pad_id, eos_id)
-    raise ValueError(f"unknown family {family!r}; choose neox, qwen2, llama, mamba1 or mamba2")
+    raise ValueError(f"unknown family {family!r}; choose neox, qwen2, qwen3, llama, mamba1 or mamba2")
 
 
 def doc(world: Any, rng: random.Random, kind: str, n_pairs: int, n_queries: int) -> list[tuple[str, bool]]:
@@ -142,7 +146,7 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
     tok = build_tokenizer(world)
     vocab = world.vocab()
     pad_id = vocab[PAD]
-    model = build_holdout(h["family"], h["seed"], len(vocab), pad_id, tok.eos_token_id)
+    model = build_holdout(h["family"], h["seed"], len(vocab), pad_id, tok.eos_token_id, h.get("n_layers", 2))
     log: list[dict] = []
     first, warm, done_minutes, resumed_at = 0, True, 0.0, []
     if resume:  # go on from the last checkpoint in ``out`` (weights only: the optimiser state starts afresh)
