@@ -4,11 +4,16 @@ the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-qwen2 --out /tmp/ho/arrow-qwen2
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-llama --out /tmp/ho/arrow-llama
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-mamba2 --out /tmp/ho/arrow-mamba2 --max-minutes 35
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py ledger-llama4 --out /tmp/ho/ledger-llama4 --max-minutes 63
 
 (``--ship`` copies the result into ``tests/fixtures/models/<which>``; ``--resume`` goes on from ``--out``.)
 
 * Formats: ``tests/fixtures/holdout_formats.py``.  ``arrow``: ``map : k -> v , ... , ? k ->`` (summary token
-  ``,``); ``table``: ``table : v @ k | ... | get k ?`` (the value before its key; summary token ``|``).
+  ``,``); ``table``: ``table : v @ k | ... | get k ?`` (the value before its key; summary token ``|``);
+  ``ledger``: ``ledger : k => v & ... & ask k =>`` (summary token ``&``), for the depth check only.
+* ``ledger-llama4`` / ``ledger-qwen3``: the depth check, 4 layers, d 128, 4 heads, FFN 256: ``LlamaForCausalLM``
+  (seed 29, world seed 11) and ``Qwen3ForCausalLM`` (per-head q/k RMSNorms, 4 query heads on 2 key/value heads,
+  head size 32; seed 31, world seed 12).
 * ``*-qwen2``: ``Qwen2ForCausalLM`` (q/k/v biases, grouped-query attention: 4 query heads share 2 key/value
   heads), 2 layers, d 128, FFN 256; seed 11, world seed 6.
 * ``arrow-llama``: ``LlamaForCausalLM`` (the fixtures' family, fresh seeds), 2 layers, d 128, 4 heads, FFN 256;
@@ -30,7 +35,10 @@ arrow 0.20 at step 1350, 26.5 min; stopped by hand).  Neither ``table`` run lear
 ``table-qwen2`` learnt the MQAR warm-up (0.96 at step 550) but stayed at table8 0.07-0.15 (copying some value of
 the prompt: 1/8) up to step 900; ``table-neox`` never left chance on MQAR in its 800 warm-up steps (table8 0.17 at
 step 1150).  The value-before-key order defeats the warm-up's adjacent-pair circuit, as TOY_TRIALS Trial 3 found for
-the zoo's lines; it would need the ~2k-step plateau, which this CPU could not give in the budget.
+the zoo's lines; it would need the ~2k-step plateau, which this CPU could not give in the budget.  Neither 4-layer
+``ledger`` run learnt (``--max-minutes 63``, two side by side beside other jobs): the MQAR warm-up stayed at chance
+for its 800 steps (0.04-0.20), and to the cap (``ledger-llama4`` step 2000, ``ledger-qwen3`` step 2050) ledger stayed
+at 0.06-0.20 (last 0.14 / 0.13); not shipped.
 
 Training is the fixtures' recipe (TOY_TRIALS Trial 4) with the project's own pieces
 (:mod:`gather_aggregate.training`): an MQAR warm-up (adjacent ``k v`` pairs, loss on every queried value) until its
