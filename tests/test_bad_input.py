@@ -110,13 +110,8 @@ def test_options_and_tokenizers_are_checked_before_loading(tiny_llama_dir, tmp_p
     for bad in ("my-model-dir", None, torch.nn.Linear(2, 2)):
         with pytest.raises(InputError, match="in-memory transformers model.*use load_model"):
             from_hf_model(bad)
-    with pytest.raises(InputError, match="tokenizer must be a tokenizer"):
+    with pytest.raises(InputError, match="tokenizer must be a tokenizer"):  # a directory works (test_misuse.py)
         from_hf_model(hf, tokenizer=3)
-    with pytest.raises(TokenizerMissingError, match="could not load the tokenizer of 'not-a-hub-name-here'") as err:
-        from_hf_model(hf, tokenizer="not-a-hub-name-here")  # offline: no such tokenizer; the reason in one line
-    _one_line(err.value)
-    # a directory, as load_model takes it
-    assert from_hf_model(hf, tokenizer=str(tiny_llama_dir)).to_tokens("apple").shape[0] == 1
 
 
 def test_zoo_names_typos_and_missing_paths(monkeypatch, tmp_path):

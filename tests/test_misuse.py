@@ -248,6 +248,20 @@ def test_a_transformers_resumed_forward_checks_what_it_is_given(world):
     torch.testing.assert_close(out, half(resid.bfloat16(), start_at_layer=1))
 
 
+def test_from_hf_model_takes_a_tokenizer_directory_and_says_why_a_tokenizer_fails(tiny_llama_dir):
+    """from_hf_model refused tokenizer=dir (load_model takes one); a tokenizer that cannot be loaded was a
+    three-line message (transformers' own)."""
+    from gather_aggregate.errors import TokenizerMissingError
+    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.testing import tiny_llama
+
+    hf, _ = tiny_llama()
+    assert from_hf_model(hf, tokenizer=str(tiny_llama_dir)).to_tokens("apple").shape[0] == 1
+    with pytest.raises(TokenizerMissingError, match="could not load the tokenizer of 'not-a-hub-name-here'") as err:
+        from_hf_model(hf, tokenizer="not-a-hub-name-here")  # offline: no such tokenizer
+    _one_line(err.value)
+
+
 def test_head_names_in_any_case_on_the_command_line():
     from gather_aggregate.cli import head_pairs
 
