@@ -31,7 +31,7 @@ from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make
 from gather_aggregate.adapters.placement import refuse_split
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, NonFiniteError
-from gather_aggregate.hook_checks import CheckedHooks
+from gather_aggregate.hook_checks import CheckedHooks, check_cache_names
 from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, device_of, resolve_rows
 
@@ -230,13 +230,7 @@ class HookedSSM(ProtocolMixin, CheckedHooks, HookedRootModule):
 
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Like TransformerLens: ``(output, ActivationCache)``; all ``forward`` keywords pass through."""
-        wanted = kwargs.get("names_filter")
-        wanted = [wanted] if isinstance(wanted, str) else wanted if isinstance(wanted, (list, tuple)) else []
-        unknown = [n for n in wanted if isinstance(n, str) and n not in self.hook_dict]
-        if unknown:  # was an empty cache, and a KeyError when the name was looked up in it
-            raise InputError(f"names_filter names no hook of this model: {unknown[0]!r}; use its own names, e.g. "
-                             f"model.head_hook(layer)[0] or model.resid_hook(layer) ({len(self.hook_dict)} hooks in "
-                             "model.hook_dict)")
+        check_cache_names(self, kwargs.get("names_filter"))  # was an empty cache, then a KeyError reading it
         out, cache = super().run_with_cache(*args, **kwargs)
         return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 

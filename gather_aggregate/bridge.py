@@ -23,7 +23,7 @@ from torch import Tensor
 
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, UnsupportedModelError
-from gather_aggregate.hook_checks import check_hook_names, checked_hooks
+from gather_aggregate.hook_checks import check_cache_names, check_hook_names, checked_hooks
 from gather_aggregate.indices import layer_bound
 from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
 from gather_aggregate.support import (  # noqa: F401 - INEXACT_CONFIGS, refuse_inexact: re-exported, their old home
@@ -423,9 +423,7 @@ class BridgeModel(ProtocolMixin):
     def run_with_cache(self, tokens: Any, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
         if kwargs.get("start_at_layer") is None:
             tokens = self.validate_tokens(tokens)
-        wanted = kwargs.get("names_filter")
-        wanted = [wanted] if isinstance(wanted, str) else wanted if isinstance(wanted, (list, tuple)) else []
-        check_hook_names(self, [(name, _keep) for name in wanted if isinstance(name, str)])  # was TL's KeyError
+        check_cache_names(self, kwargs.get("names_filter"))  # was TL's KeyError
         return self.module.run_with_cache(tokens, *args, **kwargs)
 
     def run_with_hooks(self, tokens: Any, *args: Any, fwd_hooks: Sequence[tuple[Any, Any]] = (),
@@ -468,7 +466,3 @@ class BridgeModel(ProtocolMixin):
 
     def __repr__(self) -> str:
         return f"BridgeModel({self.name!r}, layers={self.n_layers}, heads={self._layers[0].n_heads if self._layers else 0})"
-
-
-def _keep(activation: Any, hook: Any = None) -> None:
-    """A hook that changes nothing: stands for a cache name in the name check."""

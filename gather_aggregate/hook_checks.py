@@ -40,6 +40,21 @@ def check_hook_names(model: Any, hooks: Sequence[Any]) -> None:
                              f"[0] or model.resid_hook(layer) ({len(names)} hooks in model.hook_dict)")
 
 
+def check_cache_names(model: Any, names_filter: Any) -> None:
+    """Every hook name a ``run_with_cache`` ``names_filter`` lists (one name or a list; a callable passes) is a hook
+    point of ``model``: an unknown one gave an empty cache (TransformerLens' own models) or TL's ``KeyError``."""
+    names = hook_dict_of(model)
+    if names is None:
+        return
+    wanted = [names_filter] if isinstance(names_filter, str) else names_filter \
+        if isinstance(names_filter, (list, tuple)) else []
+    unknown = [n for n in wanted if isinstance(n, str) and n not in names]
+    if unknown:
+        raise InputError(f"names_filter names no hook of this model: {unknown[0]!r}; use its own names, e.g. "
+                         f"model.head_hook(layer)[0] or model.resid_hook(layer) ({len(names)} hooks in "
+                         "model.hook_dict)")
+
+
 def checked_hooks(model: Any, hooks: Sequence[Any]) -> list[tuple[Any, Any]]:
     """``hooks`` (``(name, fn)`` pairs of forward hooks) as a list, names checked (:func:`check_hook_names`) and each
     ``fn`` wrapped so that returning something other than ``None`` or a tensor of the activation's shape is one

@@ -240,7 +240,7 @@ def test_a_transformers_resumed_forward_checks_what_it_is_given(world):
             model(kwargs.pop("inp", resid if "start_at_layer" in kwargs else tokens), **kwargs)
         _one_line(err.value)
     torch.testing.assert_close(model(resid, start_at_layer=-1), model(tokens))  # negative: from the end, as SSMs
-    with pytest.raises(InputError, match="no hook named 'blocks.0.attn.hook_zz'"):
+    with pytest.raises(InputError, match="names_filter names no hook of this model: 'blocks.0.attn.hook_zz'"):
         model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_zz")
     half = copy.deepcopy(model)
     half.module.to(torch.bfloat16)
