@@ -52,7 +52,8 @@ from gather_aggregate.attribution_paths import (
     probe_terms,
     readout_logit_changes,
 )
-from gather_aggregate.protocol import Head, HookedModel, hook_dict_of
+from gather_aggregate.hook_checks import hook_dict_of
+from gather_aggregate.protocol import Head, HookedModel
 from gather_aggregate.session import gradients
 
 

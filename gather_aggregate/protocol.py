@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from gather_aggregate.checks import HEAD_KINDS, is_cache, names, token_tensor
 from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
-from gather_aggregate.hook_checks import check_hook_names as check_hook_names  # re-exported: their old home
-from gather_aggregate.hook_checks import hook_dict_of as hook_dict_of
 from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
 from gather_aggregate.indices import as_index
 from gather_aggregate.indices import is_index as _is_index

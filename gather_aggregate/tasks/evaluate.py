@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gather_aggregate.errors import InputError, TaskError
+from gather_aggregate.hook_checks import check_hook_names
 from gather_aggregate.indices import as_index
-from gather_aggregate.protocol import HookedModel, check_hook_names, pad_id_of
+from gather_aggregate.protocol import HookedModel, pad_id_of
 from gather_aggregate.session import analysis
 from gather_aggregate.tasks.base import Batch, Example, check_context, check_count, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
