@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gather_aggregate.errors import InputError, TaskError
-from gather_aggregate.hook_checks import check_hook_names
 from gather_aggregate.indices import as_index
 from gather_aggregate.protocol import HookedModel, pad_id_of
 from gather_aggregate.session import analysis
@@ -150,8 +149,7 @@ def _forward(model: HookedModel, batch: Batch, fwd_hooks: Hooks | HookFactory) -
     if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):  # was "'int' object is not iterable"
         raise InputError(f"fwd_hooks: a hook factory must return a list of (hook_name, fn) pairs, got "
                          f"{type(made).__name__}")
-    hooks = list(made)
-    check_hook_names(model, hooks)
+    hooks = list(made)  # their names and returns are checked by model.hooks (gather_aggregate.hook_checks)
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
         return _logits(model, batch.tokens)
