@@ -47,7 +47,7 @@ from gather_aggregate.io import check_output_file
 from gather_aggregate.protocol import Head, HookedModel, device_of
 from gather_aggregate.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
 from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan_result import ScanResult, _table_problem
+from gather_aggregate.scan_result import ScanResult, table_problem
 from gather_aggregate.session import analysis, gradients
 
 Metric = Callable[[Tensor], Tensor]
@@ -349,7 +349,7 @@ def _load_resume(path: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
     except (OSError, ValueError) as exc:  # ValueError: invalid JSON, or bytes that are not UTF-8 text
         raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable scan file ({exc}); use another "
                                   "--out or drop --resume") from None
-    problem = _table_problem(old)
+    problem = table_problem(old)
     if problem:
         raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a scan table ({problem}); use another "
                                   "--out or drop --resume")

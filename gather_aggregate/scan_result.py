@@ -31,7 +31,7 @@ class ScanResult:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:  # a row without a score was a KeyError in .top(); rows="..." a TypeError
-        if (problem := _table_problem({"meta": self.meta, "rows": self.rows})) is not None:
+        if (problem := table_problem({"meta": self.meta, "rows": self.rows})) is not None:
             raise InputError(f"ScanResult(rows, meta): {problem}; give rows as dicts with layer, head and score")
 
     def ranked(self) -> ScanResult:
@@ -128,13 +128,13 @@ class ScanResult:
         path = Path(path)
         data = read_json(path, InputError, f"no scan file at {str(path)!r}; pass the scan.json a scan wrote",
                          "rerun the scan that wrote it")
-        problem = _table_problem(data)
+        problem = table_problem(data)
         if problem:
             raise InputError(f"{str(path)!r} is not a scan table ({problem}); pass the scan.json a scan wrote")
         return cls(data["rows"], data.get("meta", {}))
 
 
-def _table_problem(data: Any) -> str | None:
+def table_problem(data: Any) -> str | None:
     """What keeps ``data`` from being a scan table ``{"meta": {...}, "rows": [{layer, head, score, ...}]}``."""
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
             or not isinstance(data.get("meta", {}), dict):
