@@ -163,8 +163,8 @@ def refuse_inexact(archs: list[str], config: Any = None) -> None:
     for arch in archs:
         if arch in INEXACT_ARCHITECTURES:
             raise UnsupportedModelError(
-                f"{arch} is not supported: in TransformerLens 4.3's bridge {INEXACT_ARCHITECTURES[arch]}; use a "
-                "decoder such as GPT2LMHeadModel, GPTNeoXForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM")
+                f"{arch} is not supported: in TransformerLens 4.3's bridge {INEXACT_ARCHITECTURES[arch]}; load "
+                f"{_DECODERS}")
     get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
     for field, value, why in INEXACT_CONFIGS.get(str(get("model_type")), []) if config is not None else []:
         if callable(value) and value(get):
