@@ -31,6 +31,18 @@ def _segment(j: int, seg: Any, n_chars: int) -> tuple[int, int, str]:
     return start, end, str(label)
 
 
+def overlap(spans: list[tuple[int, int, str]]) -> tuple[int, str] | None:
+    """The first two ``(start, end, ...)`` spans that share a character (in start order) as ``(index of the later
+    one, "[s, e) overlaps segment a [s, e); segments must not overlap")``, else ``None``: the task file and
+    :func:`check_spec` both ask."""
+    order = sorted(range(len(spans)), key=lambda j: spans[j][0])
+    for a, b in zip(order, order[1:], strict=False):
+        if spans[b][0] < spans[a][1]:
+            return b, (f"[{spans[b][0]}, {spans[b][1]}) overlaps segment {a} [{spans[a][0]}, {spans[a][1]}); "
+                       "segments must not overlap")
+    return None
+
+
 def check_spec(spec: Any) -> Any:
     """``spec`` with its segments as ``(start, end, label)`` triples, or one :class:`TaskError` naming the fix."""
     if not isinstance(spec.prompt, str):
@@ -47,11 +59,8 @@ def check_spec(spec: Any) -> Any:
     if not isinstance(segs, (list, tuple)):
         raise TaskError(f"prompt spec: segments must be a list of (start, end, label) tuples, got {type(segs).__name__}")
     spans = [_segment(j, s, len(spec.prompt)) for j, s in enumerate(segs)]
-    order = sorted(range(len(spans)), key=lambda j: spans[j][0])
-    for a, b in zip(order, order[1:], strict=False):
-        if spans[b][0] < spans[a][1]:
-            raise TaskError(f"prompt spec: segment {b} [{spans[b][0]}, {spans[b][1]}) overlaps segment {a} "
-                            f"[{spans[a][0]}, {spans[a][1]}); segments must not overlap")
+    if (clash := overlap(spans)) is not None:
+        raise TaskError(f"prompt spec: segment {clash[0]} {clash[1]}")
     if spec.summaries is not None and (not isinstance(spec.summaries, (list, tuple))
                                        or len(spec.summaries) != len(spans)):
         raise TaskError(f"prompt spec: summaries must give one character index (or None) per segment, "

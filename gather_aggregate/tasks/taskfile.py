@@ -37,6 +37,7 @@ from typing import Any
 
 from gather_aggregate.errors import GAError, InputError, TaskError
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
+from gather_aggregate.tasks.spec_check import overlap
 
 FIELDS = ("prompt", "segments", "correct", "candidates", "answer", "required", "meta")
 REQUIRED_FIELDS = ("prompt", "segments", "correct", "candidates", "answer")
@@ -130,11 +131,8 @@ def _segments(segs: Any, n_chars: int) -> tuple[list[tuple[int, int, str]], list
                                  " name a character inside it (or drop summary for the segment's last token)")
         spans.append((start, end, label))
         summaries.append(summary)
-    order = sorted(range(len(spans)), key=lambda j: spans[j][0])
-    for a, b in zip(order, order[1:], strict=False):
-        if spans[b][0] < spans[a][1]:
-            raise _LineError(f"'segments'[{b}]", f"[{spans[b][0]}, {spans[b][1]}) overlaps segment {a} "
-                             f"[{spans[a][0]}, {spans[a][1]}); segments must not overlap")
+    if (clash := overlap(spans)) is not None:
+        raise _LineError(f"'segments'[{clash[0]}]", clash[1])
     return spans, summaries
 
 
