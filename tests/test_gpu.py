@@ -1,6 +1,6 @@
 """The GPU tier: real-width random checkpoints through the whole pipeline on CUDA.
 
-Run on an H200 in session 15 (2026-11-26; figures in docs/gpu.md). Run it with
+Run on an H200 in session 15 and, whole, on an H100 in session 18 (figures in docs/gpu.md). Run it with
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -m gpu tests/test_gpu.py
 
@@ -115,7 +115,7 @@ def test_device_map_across_cpu_and_cuda(checkpoints):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
 
 
-# ---- the device audit's fixes (session 15 helper): written then, NOT YET RUN ON A GPU; the body ran on CPU -------
+# ---- the device audit's fixes (session 15 helper); first passed on a GPU (H100) in session 18 ------------------
 def check_audited_paths_on(device: str) -> None:
     """Paths the CPU tests cover on ``meta`` (tests/test_device_handling.py), here on a real device: CPU tokens
     and labels with a model on ``device`` (distillation, perplexity, the attention graft), a CPU ``n_keys``, the
@@ -172,7 +172,7 @@ def test_audited_paths_on_cuda():
     check_audited_paths_on("cuda")
 
 
-# ---- the newer families at real width (session 15): written then, NOT YET RUN ON A GPU; the body ran on CPU -----
+# ---- the newer families at real width (session 15); first passed on a GPU (H100) in session 18 ----------------
 #: the CPU real-width tier's sizes (tests/test_realwidth.py, SLOW), two layers where the family has them
 NEWER = {"llama-3.1-8b": dict(n_layers=1, vocab=32000), "llamba-8b": dict(n_layers=2, vocab=32000),
          "nemotron-h-8b": dict(n_layers=3, vocab=32000), "granite-4.0-h-tiny": dict(n_layers=2, n_experts=None),
