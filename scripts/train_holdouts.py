@@ -5,6 +5,7 @@ the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-llama --out /tmp/ho/arrow-llama
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-mamba2 --out /tmp/ho/arrow-mamba2 --max-minutes 35
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py ledger-llama4 --out /tmp/ho/ledger-llama4 --max-minutes 63
+    HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-llama12 --out /tmp/ho/arrow-llama12 --device cuda --max-minutes 4.3
 
 (``--ship`` copies the result into ``tests/fixtures/models/<which>``; ``--resume`` goes on from ``--out``.)
 
@@ -14,6 +15,8 @@ the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
 * ``ledger-llama4`` / ``ledger-qwen3``: the depth check, 4 layers, d 128, 4 heads, FFN 256: ``LlamaForCausalLM``
   (seed 29, world seed 11) and ``Qwen3ForCausalLM`` (per-head q/k RMSNorms, 4 query heads on 2 key/value heads,
   head size 32; seed 31, world seed 12).
+* ``arrow-llama12``: the same depth question at the size issue 24's cost bar names: ``LlamaForCausalLM``, 12 layers,
+  d 128, 16 heads of 8 channels (192 heads), FFN 256; seed 37, world seed 13; meant for a GPU (``--device cuda``).
 * ``*-qwen2``: ``Qwen2ForCausalLM`` (q/k/v biases, grouped-query attention: 4 query heads share 2 key/value
   heads), 2 layers, d 128, FFN 256; seed 11, world seed 6.
 * ``arrow-llama``: ``LlamaForCausalLM`` (the fixtures' family, fresh seeds), 2 layers, d 128, 4 heads, FFN 256;
@@ -38,7 +41,9 @@ step 1150).  The value-before-key order defeats the warm-up's adjacent-pair circ
 the zoo's lines; it would need the ~2k-step plateau, which this CPU could not give in the budget.  Neither 4-layer
 ``ledger`` run learnt (``--max-minutes 63``, two side by side beside other jobs): the MQAR warm-up stayed at chance
 for its 800 steps (0.04-0.20), and to the cap (``ledger-llama4`` step 2000, ``ledger-qwen3`` step 2050) ledger stayed
-at 0.06-0.20 (last 0.14 / 0.13); not shipped.
+at 0.06-0.20 (last 0.14 / 0.13); not shipped.  ``arrow-llama12`` (12 layers, 16 heads of 8 channels: 192 heads) on
+an H100 (``--device cuda``, about 11 steps a second) did not learn in 4.3 minutes either: MQAR 0.09-0.17 and arrow
+0.08-0.14 to step 2800 (docs/results.md, "Depth check"); not shipped.
 
 Training is the fixtures' recipe (TOY_TRIALS Trial 4) with the project's own pieces
 (:mod:`gather_aggregate.training`): an MQAR warm-up (adjacent ``k v`` pairs, loss on every queried value) until its
@@ -72,7 +77,8 @@ HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5)
             "arrow-neox": dict(family="neox", fmt="arrow", seed=19, world_seed=9),
             "arrow-mamba2": dict(family="mamba2", fmt="arrow", seed=23, world_seed=10),
             "ledger-llama4": dict(family="llama", fmt="ledger", seed=29, world_seed=11, n_layers=4),
-            "ledger-qwen3": dict(family="qwen3", fmt="ledger", seed=31, world_seed=12, n_layers=4)}
+            "ledger-qwen3": dict(family="qwen3", fmt="ledger", seed=31, world_seed=12, n_layers=4),
+            "arrow-llama12": dict(family="llama", fmt="arrow", seed=37, world_seed=13, n_layers=12, n_heads=16)}
 N_EVAL_PAIRS = 8
 
 
@@ -89,21 +95,23 @@ def format_world(seed: int, fmt: str) -> Any:
     return TableWorld(**{f: getattr(w, f) for f in w.__dataclass_fields__})
 
 
-def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: int, n_layers: int = 2) -> Any:
-    """A fresh d-128 HF causal LM of ``family`` (seeded by ``seed``): ``n_layers`` layers (3 for ``mamba2``)."""
+def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: int, n_layers: int = 2,
+                  n_heads: int = 4) -> Any:
+    """A fresh d-128 HF causal LM of ``family`` (seeded by ``seed``): ``n_layers`` layers (3 for ``mamba2``),
+    ``n_heads`` attention heads (the transformers)."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=eos_id,
                   tie_word_embeddings=False, hidden_size=128, intermediate_size=256, num_hidden_layers=n_layers,
-                  num_attention_heads=4, max_position_embeddings=1024)
+                  num_attention_heads=n_heads, max_position_embeddings=1024)
     if family == "neox":
         return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(rotary_pct=0.25, **common))
     if family == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **common))
     if family == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=4, **common))
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=n_heads, **common))
     if family == "qwen3":  # q/k RMSNorms per head, grouped-query attention (4 query heads on 2 key/value heads)
         return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(num_key_value_heads=2, head_dim=32, **common))
     if family == "mamba1":  # the project's own builder (trains through its chunked S6 scan), as mamba1-ga
@@ -141,7 +149,24 @@ def eval_items(world: Any, kind: str, n: int, seed: int) -> list[tuple[str, str,
     return [(it.prompt, it.answer, it.candidates) for it in items]
 
 
-def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resume: bool = False) -> dict:
+class _OnDevice:
+    """Runs ``model`` (moved to ``device``) on CPU batches and returns its logits on the CPU: the recipe's training
+    step and accuracy, written for the CPU, train on a GPU through it."""
+
+    def __init__(self, model: Any, device: str) -> None:
+        self.model, self.device = model.to(device), device
+
+    def __call__(self, input_ids: Any) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.model(input_ids=input_ids.to(self.device)).logits.float().cpu())
+
+    def __getattr__(self, name: str) -> Any:  # train(), eval(), parameters() of the model itself
+        return getattr(self.model, name)
+
+
+def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resume: bool = False,
+          device: str = "cpu") -> dict:
     import torch
 
     from gather_aggregate.training.train import TrainConfig
@@ -154,7 +179,8 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
     tok = build_tokenizer(world)
     vocab = world.vocab()
     pad_id = vocab[PAD]
-    model = build_holdout(h["family"], h["seed"], len(vocab), pad_id, tok.eos_token_id, h.get("n_layers", 2))
+    model = build_holdout(h["family"], h["seed"], len(vocab), pad_id, tok.eos_token_id, h.get("n_layers", 2),
+                          h.get("n_heads", 4))
     log: list[dict] = []
     first, warm, done_minutes, resumed_at = 0, True, 0.0, []
     if resume:  # go on from the last checkpoint in ``out`` (weights only: the optimiser state starts afresh)
@@ -172,12 +198,13 @@ def train(which: str, out: Path, max_minutes: float, target: float = 0.95, resum
         resumed_at = rec.get("resumed_at", []) + [first]
     sched = TrainConfig(arch="llama", out=str(out), steps=4000, seed=h["seed"], lr=h.get("lr", 1e-3),
                         warmup=100).resolved()
+    runner = model if device == "cpu" else _OnDevice(model, device)  # moved before the optimiser sees it
     opt = torch.optim.AdamW(model.parameters(), lr=sched.lr, betas=(0.9, 0.98), weight_decay=0.1)
     rng = random.Random(h["seed"]) if first == 0 else random.Random(f"{h['seed']}:{first}")
     ev_mqar = eval_items(world, "mqar", 96, 20_001)
     ev_fmt = eval_items(world, fmt, 96, 20_002)
     out.mkdir(parents=True, exist_ok=True)
-    for row, minutes in mixture_training(model, opt, sched, rng, world, doc, fmt, ev_mqar, ev_fmt, first=first,
+    for row, minutes in mixture_training(runner, opt, sched, rng, world, doc, fmt, ev_mqar, ev_fmt, first=first,
                                          warm=warm, minutes_done=done_minutes, batch=h.get("batch", 64)):
         log.append(row)
         done = row[f"{fmt}8"] >= target or minutes > max_minutes
@@ -205,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=25.0)
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out (weights, step, log)")
     p.add_argument("--ship", action="store_true", help="copy the result into tests/fixtures/models/<which>")
+    p.add_argument("--device", default="cpu", help="train on this device (e.g. cuda); the checkpoint is the same")
     a = p.parse_args(argv)
-    train(a.which, a.out, a.max_minutes, resume=a.resume)
+    train(a.which, a.out, a.max_minutes, resume=a.resume, device=a.device)
     if a.ship:
         ship(a.out, a.which)
     return 0
