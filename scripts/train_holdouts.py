@@ -6,6 +6,7 @@ the zoo nor the fresh fixtures of ``tests/fixtures/train_fixtures.py`` use.
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-mamba2 --out /tmp/ho/arrow-mamba2 --max-minutes 35
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/train_holdouts.py ledger-llama4 --out /tmp/ho/ledger-llama4 --max-minutes 63
     HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-llama12 --out /tmp/ho/arrow-llama12 --device cuda --max-minutes 4.3
+    HF_HUB_OFFLINE=1 python scripts/train_holdouts.py arrow-neox --out /tmp/ho/arrow-neox --device cuda --max-minutes 4
 
 (``--ship`` copies the result into ``tests/fixtures/models/<which>``; ``--resume`` goes on from ``--out``.)
 
@@ -43,7 +44,9 @@ the zoo's lines; it would need the ~2k-step plateau, which this CPU could not gi
 for its 800 steps (0.04-0.20), and to the cap (``ledger-llama4`` step 2000, ``ledger-qwen3`` step 2050) ledger stayed
 at 0.06-0.20 (last 0.14 / 0.13); not shipped.  ``arrow-llama12`` (12 layers, 16 heads of 8 channels: 192 heads) on
 an H100 (``--device cuda``, about 11 steps a second) did not learn in 4.3 minutes either: MQAR 0.09-0.17 and arrow
-0.08-0.14 to step 2800 (docs/results.md, "Depth check"); not shipped.
+0.08-0.14 to step 2800 (docs/results.md, "Depth check"); not shipped.  ``arrow-neox`` on the same H100 (about 24
+steps a second) ran its whole 4000-step schedule in 2.8 minutes and stayed at chance: MQAR 0.05-0.17, arrow
+0.09-0.20 (last 0.14 / 0.16, loss 2.09); not shipped.
 
 Training is the fixtures' recipe (TOY_TRIALS Trial 4) with the project's own pieces
 (:mod:`gather_aggregate.training`): an MQAR warm-up (adjacent ``k v`` pairs, loss on every queried value) until its

@@ -99,3 +99,29 @@ def test_control_variate_with_every_prompt_scanned_is_the_exact_scan():
         assert rho == pytest.approx(1.0) and top == 5, (label, rho, top)
         assert resolved == 1.0 or math.isnan(resolved), (label, resolved)  # NaN: the scan resolves no pair
     assert by_k[1]["exact on k"][0] < 1.0  # one prompt alone is not the 3-prompt scan
+
+
+def test_exact_cells_mix_at_its_limits_is_the_exact_scan_or_the_estimator():
+    """bench_attribution_cells: hindsight with the whole budget and calibration on every prompt give the exact
+    means; with no budget hindsight gives AtP-softmax's means; a calibration on exact cells that are a fixed
+    combination of the estimates recovers it; and on a model the per-prompt drops average to the batch scan's."""
+    sys.path.insert(0, str(BENCH))
+    before = torch.get_num_threads()
+    try:
+        import bench_attribution_cells as cells
+
+        g = torch.Generator().manual_seed(0)
+        heads = [(layer, h) for layer in range(3) for h in range(4)]
+        E, A, S = (torch.randn(6, 12, generator=g, dtype=torch.float64) for _ in range(3))
+        assert torch.allclose(cells.hindsight(E, S, heads, 1.0), E.mean(0))
+        assert torch.allclose(cells.hindsight(E, S, heads, 0.0), S.mean(0))
+        assert torch.allclose(cells.calibrated(E, A, S, heads, 6), E.mean(0))
+        linear = 2.0 * S - 0.5 * A
+        assert torch.allclose(cells.calibrated(linear, A, S, heads, 2), linear.mean(0))
+        row = cells.bench("llama-kv", None, False, n=3)  # asserts E and S average to the batch scan and estimate
+    finally:
+        sys.path.remove(str(BENCH))
+        torch.set_num_threads(before)
+    assert list(row["cells"]) == ["AtP-softmax", "hindsight 5%", "hindsight 10%", "hindsight 20%",
+                                  "calibrated k=2", "calibrated k=4"]
+    assert all(-1.0 <= rho <= 1.0 and 0 <= top <= 5 for rho, top, _ in row["cells"].values())
