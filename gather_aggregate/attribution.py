@@ -86,7 +86,8 @@ ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
 def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[Head] | None = None,
                      method: Method = "zero", reference: Any = None, *, estimator: Estimator = "ig",
                      steps: int = 4, graddrop: bool = True, verify: int = 0, per_position: bool = True,
-                     seed: int = 0, readout_tokens: int = 4, qk_layers: int | None = None) -> ScanResult:
+                     seed: int = 0, readout_tokens: int = 4, qk_layers: int | None = None,
+                     exact_prompts: int = 0) -> ScanResult:
     """Estimated ablation drop of every head in ``heads`` (default: all), by ``estimator``.
 
     ``estimator``: ``"atp"`` (one forward + backward), ``"ig"`` (``steps`` path points stacked in one forward +
@@ -102,6 +103,11 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     (:func:`~gather_aggregate.scan.exact_scan`) and take their exact scores (column ``verified``).  The
     shortlist goes by magnitude, not by the signed estimate: where a saturated softmax flips or hides a head's
     sign (the zoo's Gather heads, docs/benchmarks.md), its magnitude still stands out.
+
+    ``exact_prompts=k`` (the ``-softmax`` estimators, a metric with per-prompt values such as ``task_metric``'s):
+    ``k`` prompts chosen from the per-prompt estimates are scanned exactly, weighted, and correct the estimate
+    (the prompt coreset, :mod:`gather_aggregate.attribution_coreset`; the chosen prompts and weights are in the
+    table's meta).  It costs ``k / n`` of the exact scan on top of the estimator; ``k = n`` is the exact scan.
     """
     if estimator not in ESTIMATORS:
         raise InputError(f"unknown estimator {estimator!r}; use one of {ESTIMATORS}")
@@ -115,6 +121,9 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     if estimator.endswith("-softmax") and not isinstance(metric, ReadoutMetric):
         raise InputError(f"estimator={estimator!r} needs a ReadoutMetric (it reads the logits the metric reads); "
                          "wrap your metric: ReadoutMetric(fn, positions), or use estimator='atp'")
+    _check_count("exact_prompts", exact_prompts, 0, "a non-negative int (prompts to scan exactly)")
+    if exact_prompts:
+        _check_coreset(estimator, metric, method)
     tokens, heads = _prepare(model, tokens, heads, metric)
     rep = make_replacement(model, heads, method, reference, per_position=per_position, seed=seed,
                            n_pos=tokens.shape[1])
@@ -139,8 +148,16 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
             logits_at, toks, delta, meta["qk_fix_layers"] = star_softmax(model, tokens, metric, clean_z, targets,
                                                                          by_layer, readout_tokens, qk_layers)
             meta["qk_layers"] = qk_layers
-        clean, est = _softmax_fixed(metric, logits_at, toks, delta, by_layer)
+        clean, est, per_prompt = _softmax_fixed(metric, logits_at, toks, delta, by_layer)
         meta["readout_tokens"] = readout_tokens
+        if exact_prompts:
+            from gather_aggregate.attribution_coreset import corrected
+
+            order = list(est)
+            S = torch.stack([per_prompt[hd] for hd in order], 1)  # type: ignore[index]
+            est, info = corrected(model, tokens, metric, logits_at, S, order, exact_prompts, method, reference,
+                                  per_position, seed)
+            meta.update(info)
     elif estimator == "atp":
         clean, terms, _ = path_gradients(model, tokens, metric, targets, [0.0])
         est = _estimates(model, by_layer, terms)
@@ -173,15 +190,34 @@ def _check_count(name: str, value: Any, low: int, what: str) -> None:
         raise InputError(f"{name} must be {what}, got {value!r}")
 
 
+def _check_coreset(estimator: str, metric: Any, method: str) -> None:
+    """``exact_prompts`` needs per-prompt estimates, per-prompt metric values and an ablation a subset keeps."""
+    if not estimator.endswith("-softmax"):
+        raise InputError(f"exact_prompts needs per-prompt estimates: use estimator='atp-softmax' or "
+                         f"'atp*-softmax', not {estimator!r}")
+    if not isinstance(metric, ReadoutMetric) or metric.per_prompt is None:
+        raise InputError("exact_prompts needs a metric with one value per prompt: build it with "
+                         "ReadoutMetric.mean_of(per_prompt, positions) (task_metric does)")
+    if method == "resample":
+        raise InputError("exact_prompts works with zero or mean ablation: resampling pairs each prompt with another "
+                         "of the batch, which a subset of prompts changes; use method='mean' or exact_scan")
+
+
 def _softmax_fixed(metric: ReadoutMetric, logits_at: torch.Tensor, toks: torch.Tensor, delta: dict[int, torch.Tensor],
-                   by_layer: dict[int, list[int]]) -> tuple[float, dict[Head, float]]:
-    """``M(ℓ) - M(ℓ + δℓ_h)`` per head, ``δℓ_h`` the estimated change of the chosen readout logits."""
+                   by_layer: dict[int, list[int]]
+                   ) -> tuple[float, dict[Head, float], dict[Head, torch.Tensor] | None]:
+    """``M(ℓ) - M(ℓ + δℓ_h)`` per head, ``δℓ_h`` the estimated change of the chosen readout logits; and, for a
+    metric with per-prompt values, each head's per-prompt drops ``[batch]`` (else None)."""
     with torch.no_grad():
-        clean = _check_metric(metric.at_readout(logits_at), "clean run")
+        value, per_clean = metric.evaluate_at(logits_at)
+        clean = _check_metric(value, "clean run")
         base = logits_at.double()
-        est = {}
+        est, per_prompt = {}, {}
         for layer, hs in by_layer.items():
             for h in hs:
                 moved = base.scatter_add(-1, toks, delta[layer][..., h])
-                est[(layer, h)] = clean - _check_metric(metric.at_readout(moved.to(logits_at.dtype)), "estimate")
-    return clean, est
+                value, per = metric.evaluate_at(moved.to(logits_at.dtype))
+                est[(layer, h)] = clean - _check_metric(value, "estimate")
+                if per_clean is not None and per is not None:
+                    per_prompt[(layer, h)] = per_clean - per
+    return clean, est, (per_prompt if per_clean is not None else None)

@@ -25,7 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "tasks/models": ("tasks", "adapters", "loading", "support", "bridge", "zoo", "testing", "hybridise.config",
                      "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
     "interventions": ("interventions", "layer_resume", "distributed"),
-    "analysis": ("rankings", "scan_result", "scan", "patching", "attribution_paths", "attribution_star", "attribution", "detect",
+    "analysis": ("rankings", "scan_result", "scan", "patching", "attribution_paths", "attribution_star", "attribution_coreset", "attribution", "detect",
                  "detect_evidence", "detect_causal", "detect_conv", "detect_rules", "experiments", "claims", "hybridise.choose",
                  "hybridise.distill", "hybridise.graft"),
     "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "demo_report", "demo_hybrids",
