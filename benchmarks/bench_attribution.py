@@ -16,6 +16,8 @@ orders the same way: a ranking measure that does not score the order of heads th
     python benchmarks/bench_attribution.py                          # the shipped zoo
     python benchmarks/bench_attribution.py --fixtures               # the zoo and the detector fixtures
     python benchmarks/bench_attribution.py --models --deep 12 --deep-heads 16 --n 8 --no-ceiling  # 192 heads, random weights
+    python benchmarks/bench_attribution.py --models --deep 12 --deep-heads 16 --n 32 --no-ceiling \
+        --only AtP-softmax "AtP-softmax + 1 exact prompt" "AtP-softmax + 2 exact prompts"   # the coreset's cost
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def fixture_setup(path, n: int, kind: str):
 
 
 def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling: bool = True,
-          fixture: bool = False) -> dict:
+          fixture: bool = False, only: list[str] | None = None) -> dict:
     from bench_scan import kv_setup
 
     from gather_aggregate.attribution import attribution_scan
@@ -87,7 +89,11 @@ def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling:
         f"AtP-softmax + exact top-{verify_count(heads)}": dict(estimator="atp-softmax", verify=verify_count(heads)),
         "AtP*-softmax": dict(estimator="atp*-softmax"),
         "AtP*-softmax, next attn layer": dict(estimator="atp*-softmax", qk_layers=1),
+        "AtP-softmax + 1 exact prompt": dict(estimator="atp-softmax", exact_prompts=1),
+        "AtP-softmax + 2 exact prompts": dict(estimator="atp-softmax", exact_prompts=2),
     }
+    if only:
+        methods = {label: kw for label, kw in methods.items() if label in only}
     row = {"model": name, "heads": heads, "prompts": tuple(tokens.shape), "exact_s": t_exact, "methods": {}}
     for label, kw in methods.items():
         t, res = _best(lambda kw=kw: attribution_scan(model, tokens, metric, **kw), repeats)
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4, help="integrated-gradients path points")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--fixtures", action="store_true", help="also the detector's fresh models (tests/fixtures/models)")
+    p.add_argument("--only", nargs="+", default=None, metavar="LABEL",
+                   help="only these estimators (their column labels, e.g. 'AtP-softmax')")
     p.add_argument("--no-ceiling", action="store_true",
                    help="skip the last column: the exact scan on other prompts (seed 1) against the one on seed 0")
     args = p.parse_args(argv)
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         targets += [(*deep_random_dir(arch, args.deep, args.deep_heads), False) for arch in ("llama", "mamba2")]
     header, rows = False, []
     for name, path, fixture in targets:  # each row printed as soon as it is measured
-        r = bench(name, path, args.n, args.metric, args.steps, args.repeats, not args.no_ceiling, fixture)
+        r = bench(name, path, args.n, args.metric, args.steps, args.repeats, not args.no_ceiling, fixture, args.only)
         if not header:
             labels = list(r["methods"])
             print("| model | heads | prompts | exact (s) | "

@@ -19,6 +19,13 @@ the share of the pairs the exact scan resolves that are ordered alike, as ``benc
   ``Ŝ[p, h] = a_l S[p, h] + b_l A[p, h]``, ``(a_l, b_l)`` least squares on layer ``l``'s cells of those ``k``
   prompts: a per-layer correction of the estimators' scale, learnt from the exact cells.
 
+* **Prompt coreset**: ``C`` = every head on ``k`` prompts chosen from the estimator alone, greedily, with
+  non-negative weights ``w`` such that ``Σ_p w_p S[p, :]`` matches the mean of ``S`` over all prompts (each head's
+  column scaled by its spread over the prompts); then ``c̃ = Σ_p w_p E[p, :] + (S̄ − Σ_p w_p S[p, :])``: the
+  weighted exact drops of the chosen prompts, corrected by what the weights miss of the estimator's mean (the
+  control variate of ``bench_attribution_cv.py`` on chosen, weighted prompts).  Cost ``k / n`` of the exact scan plus
+  AtP-softmax.
+
     python benchmarks/bench_attribution_cells.py                    # every zoo model and detector fixture
     python benchmarks/bench_attribution_cells.py --models kv-world1 llama-mc
 """
@@ -93,6 +100,39 @@ def calibrated(E, A, S, heads, k: int):
     return out
 
 
+def nnls(X, y):
+    """Non-negative least squares ``min ‖X w − y‖, w ≥ 0`` for a few columns: the best unconstrained solution over
+    every support (exact for the handful of prompts chosen here)."""
+    import itertools
+
+    import torch
+
+    best = (float("inf"), torch.zeros(X.shape[1], dtype=X.dtype))
+    for size in range(1, X.shape[1] + 1):
+        for support in itertools.combinations(range(X.shape[1]), size):
+            cols = list(support)
+            w = torch.linalg.lstsq(X[:, cols], y[:, None]).solution[:, 0]
+            if (w < 0).any():
+                continue
+            res = float((X[:, cols] @ w - y).norm())
+            if res < best[0]:
+                full = torch.zeros(X.shape[1], dtype=X.dtype)
+                full[cols] = w
+                best = (res, full)
+    return best
+
+
+def coreset(E, S, k: int):
+    """Per-head means from ``k`` prompts chosen and weighted on ``S`` alone, plus the estimator's residual mean."""
+    F = S / (S.std(0) + 1e-6)
+    target, chosen, w = F.mean(0), [], None
+    for _ in range(min(k, S.shape[0])):
+        tries = [(nnls(F[chosen + [p]].T, target), p) for p in range(S.shape[0]) if p not in chosen]
+        (_, w), p = min(tries, key=lambda t: t[0][0])
+        chosen.append(p)
+    return w @ E[chosen] + (S.mean(0) - w @ S[chosen])
+
+
 def bench(name: str, path, fixture: bool, n: int) -> dict:
     import bench_attribution as ba
     from bench_attribution_cv import _as_result
@@ -111,6 +151,7 @@ def bench(name: str, path, fixture: bool, n: int) -> dict:
     cells = {"AtP-softmax": cell(S.mean(0))}
     cells.update({f"hindsight {b:.0%}": cell(hindsight(E, S, heads, b)) for b in BUDGETS})
     cells.update({f"calibrated k={k}": cell(calibrated(E, A, S, heads, k)) for k in KS})
+    cells.update({f"coreset k={k}": cell(coreset(E, S, k)) for k in KS})
     return {"model": name, "heads": len(heads), "cells": cells}
 
 

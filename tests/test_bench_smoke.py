@@ -102,9 +102,9 @@ def test_control_variate_with_every_prompt_scanned_is_the_exact_scan():
 
 
 def test_exact_cells_mix_at_its_limits_is_the_exact_scan_or_the_estimator():
-    """bench_attribution_cells: hindsight with the whole budget and calibration on every prompt give the exact
-    means; with no budget hindsight gives AtP-softmax's means; a calibration on exact cells that are a fixed
-    combination of the estimates recovers it; and on a model the per-prompt drops average to the batch scan's."""
+    """bench_attribution_cells: hindsight with the whole budget, calibration and the coreset on every prompt give
+    the exact means; with no budget hindsight gives AtP-softmax's means; a calibration on exact cells that are a
+    fixed combination of the estimates recovers it; and on a model the per-prompt drops average to the batch's."""
     sys.path.insert(0, str(BENCH))
     before = torch.get_num_threads()
     try:
@@ -118,10 +118,14 @@ def test_exact_cells_mix_at_its_limits_is_the_exact_scan_or_the_estimator():
         assert torch.allclose(cells.calibrated(E, A, S, heads, 6), E.mean(0))
         linear = 2.0 * S - 0.5 * A
         assert torch.allclose(cells.calibrated(linear, A, S, heads, 2), linear.mean(0))
+        res, w = cells.nnls(torch.eye(2, dtype=torch.float64), torch.tensor([1.0, -1.0], dtype=torch.float64))
+        assert w.tolist() == [1.0, 0.0] and res == pytest.approx(1.0)
+        assert torch.allclose(cells.coreset(E, S, 6), E.mean(0))  # every prompt, weights 1/n: the exact means
+        assert torch.allclose(cells.coreset(S, S, 2), S.mean(0))  # an exact estimator needs no correction
         row = cells.bench("llama-kv", None, False, n=3)  # asserts E and S average to the batch scan and estimate
     finally:
         sys.path.remove(str(BENCH))
         torch.set_num_threads(before)
     assert list(row["cells"]) == ["AtP-softmax", "hindsight 5%", "hindsight 10%", "hindsight 20%",
-                                  "calibrated k=2", "calibrated k=4"]
+                                  "calibrated k=2", "calibrated k=4", "coreset k=2", "coreset k=4"]
     assert all(-1.0 <= rho <= 1.0 and 0 <= top <= 5 for rho, top, _ in row["cells"].values())
