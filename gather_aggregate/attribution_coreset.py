@@ -54,6 +54,8 @@ def nnls(A: Tensor, b: Tensor, tol: float = 1e-10) -> Tensor:
                 x = s
                 break
             hit = free & (s <= tol)
+            if not bool(hit.any()):  # a non-finite solve: keep the last feasible point
+                return x
             alpha = float((x[hit] / (x[hit] - s[hit])).min())
             x = x + alpha * (s - x)
             free &= x > tol
@@ -63,7 +65,8 @@ def nnls(A: Tensor, b: Tensor, tol: float = 1e-10) -> Tensor:
 
 def choose_prompts(S: Tensor, k: int) -> tuple[list[int], Tensor]:
     """``k`` prompts (rows of ``S [prompts, heads]``) chosen greedily, and their weights, so that the weighted rows
-    match the mean row, each column scaled by its spread over the prompts."""
+    match the mean row, each column scaled by its spread over the prompts.  Where no weight comes out positive
+    (estimates that are all zero), the chosen prompts are weighted alike."""
     F = (S / (S.std(0, correction=0) + 1e-6)).double()
     target = F.mean(0)
     chosen: list[int] = []
@@ -80,6 +83,8 @@ def choose_prompts(S: Tensor, k: int) -> tuple[list[int], Tensor]:
         assert best is not None
         chosen.append(best[1])
         weights = best[2]
+    if not bool((weights > 0).any()):  # estimates that carry nothing (all zero): the chosen prompts count alike
+        weights = torch.full((len(chosen),), 1.0 / len(chosen), dtype=torch.float64)
     return chosen, weights
 
 

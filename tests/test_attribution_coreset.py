@@ -44,6 +44,8 @@ def test_choosing_every_prompt_weights_each_by_one_over_n():
     assert sorted(chosen) == list(range(5))
     assert torch.allclose(w, torch.full((5,), 0.2, dtype=torch.float64), atol=1e-8)
     assert choose_prompts(S, 9)[0] == chosen  # k beyond the batch: every prompt, once
+    zero_chosen, zero_w = choose_prompts(torch.zeros(5, 12, dtype=torch.float64), 2)
+    assert len(set(zero_chosen)) == 2 and zero_w.tolist() == [0.5, 0.5]  # no information: alike
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +75,13 @@ def batch(setup):
     return model, tokens, metric_of(slice(None))
 
 
-@pytest.mark.parametrize("method", ["zero", "mean"])
-def test_every_prompt_exact_is_the_exact_scan(batch, method):
+@pytest.mark.parametrize("method,estimator", [("zero", "atp-softmax"), ("mean", "atp-softmax"),
+                                              ("zero", "atp*-softmax")])
+def test_every_prompt_exact_is_the_exact_scan(batch, method, estimator):
     model, tokens, metric = batch
     ref = tokens.flip(0) if method == "mean" else None
     exact = exact_scan(model, tokens, metric, method=method, reference=ref, progress=False).scores()
-    got = attribution_scan(model, tokens, metric, method=method, reference=ref, estimator="atp-softmax",
+    got = attribution_scan(model, tokens, metric, method=method, reference=ref, estimator=estimator,
                            exact_prompts=4)
     assert sorted(got.meta["exact_prompts"]) == [0, 1, 2, 3]
     for hd, v in got.scores().items():
