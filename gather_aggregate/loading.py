@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.errors import InputError, ModelLoadError, TokenizerMissingError, UnsupportedModelError
+from gather_aggregate.loading_checks import _TOKENIZER_FILES, file_message, no_config_message
 from gather_aggregate.session import outside_inference_mode
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 
 
 def _offline() -> bool:
@@ -126,12 +125,10 @@ def _resolve_config(name_or_path: str | os.PathLike[str]) -> tuple[Any, str]:
     source = resolve_source(name_or_path)
     path = Path(source).expanduser()
     if path.is_file():
-        raise ModelLoadError(f"{str(path)!r} is a file; pass the model directory that holds config.json")
+        raise ModelLoadError(file_message(path))
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelLoadError(
-                f"{str(path)!r} has no config.json; save the model there with model.save_pretrained(dir)"
-            )
+            raise ModelLoadError(no_config_message(path))
         return _read_config(AutoConfig, path), str(path)
     name = source
     zoo = _zoo_names()
@@ -353,7 +350,9 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
+        from gather_aggregate.loading_checks import refuse_quantized
 
+        refuse_quantized(config, source)
         model = _weights(lambda: load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs),
                          source)
         model.tokenizer = tok
@@ -362,13 +361,14 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         raise UnsupportedModelError(f"options {sorted(kwargs)} apply only to SSM/hybrid models, not {model_type!r}")
 
     from gather_aggregate.bridge import BridgeModel, bridge_architecture, refuse_inexact
+    from gather_aggregate.loading_checks import quantized_import_error, refuse_empty, refuse_missing
     from gather_aggregate.support import refuse_non_decoder, refuse_unservable, unbridged_message
 
     archs = list(getattr(config, "architectures", None) or [])
     refuse_unservable(config, archs)
     refuse_non_decoder(config, archs)
     refuse_inexact(archs, config)
-    _refuse_empty(config, source)
+    refuse_empty(config, source)
     if bridge_architecture(archs) is None:
         raise UnsupportedModelError(unbridged_message(model_type, archs))
     from transformers import AutoModelForCausalLM
@@ -379,38 +379,16 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         from gather_aggregate.adapters.streaming import weight_files
 
         weight_files(Path(source))
-    hf, info = _weights(lambda: AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype or "auto", output_loading_info=True,
-        **({"device_map": device_map} if device_map is not None else {})), source)
-    _refuse_missing(hf, info, source)
+    try:
+        hf, info = _weights(lambda: AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype or "auto", output_loading_info=True,
+            **({"device_map": device_map} if device_map is not None else {})), source)
+    except ImportError as exc:  # a quantized checkpoint whose backend (bitsandbytes, GPTQ, ...) is not installed
+        raise quantized_import_error(config, source, exc) from None
+    refuse_missing(hf, info, source)
     if device is not None:
         hf = hf.to(device)
     return BridgeModel.from_hf(hf, tok, copy_model=False, name=str(name_or_path))
-
-
-#: config keys (HF's names across families) that must be positive: a model without layers or positions loads, but
-#: every analysis then answers nothing (no heads) or refuses every prompt
-_POSITIVE_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "max_position_embeddings", "n_positions")
-
-
-def _refuse_empty(config: Any, source: str) -> None:
-    for key in _POSITIVE_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ModelLoadError(f"config.json in {source!r} has {key}={value}; it must be at least 1 (fix "
-                                 "config.json or re-save the model with model.save_pretrained(dir))")
-
-
-def _refuse_missing(hf: Any, info: dict[str, Any], source: str) -> None:
-    """Parameters the checkpoint does not hold would be random (HF only warns): one :class:`CheckpointError`."""
-    from gather_aggregate.errors import CheckpointError
-
-    params = {name for name, _ in hf.named_parameters()}
-    missing = sorted(k for k in info.get("missing_keys", ()) if k in params)
-    if missing:
-        raise CheckpointError(f"checkpoint in {source!r} does not match its config: missing keys ({len(missing)}): "
-                              f"{', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}; the config.json and the "
-                              "weights must come from the same model (re-save it with model.save_pretrained(dir))")
 
 
 def _weights(load: Any, source: Any) -> Any:

@@ -1,0 +1,185 @@
+"""A researcher who brings checkpoints and inputs the authors never made: the forms checkpoints take on disk, and the
+arguments of hybridise, the lm-eval model, the Ray path and the CLI that the misuse passes did not reach.
+
+Each case that was a failure names it in a comment (what happened before); it now loads and runs exactly, or is
+one line of our own errors (gather_aggregate/errors.py) naming the fix.  Tiny random checkpoints, written here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gather_aggregate import load_model
+from gather_aggregate.errors import CheckpointError, GAError, ModelLoadError, UnsupportedModelError
+
+TOL = 1e-4
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text.strip(), text
+    return text
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from gather_aggregate.testing import bpe_tokenizer
+
+    return bpe_tokenizer()
+
+
+def _hf(family: str, vocab: int, **kw):
+    from gather_aggregate.adapters.hybrid_testing import tiny_hf_hybrid
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.testing import tiny_llama
+
+    if family == "llama":
+        return tiny_llama(seed=2, vocab_size=vocab, **kw)[0]
+    if family in ("mamba", "mamba2"):
+        return tiny_hf_ssm(family, seed=2, vocab_size=vocab, **kw)
+    return tiny_hf_hybrid(family, seed=2, vocab_size=vocab, **kw)
+
+
+def _save(hf, tok, d, form: str):
+    """``hf`` written as a checkpoint of ``form`` into ``d``; returns the fp32 HF reference of what was written."""
+    if form == "sharded":  # several safetensors shards and model.safetensors.index.json
+        hf.save_pretrained(d, max_shard_size="20KB")
+        assert (d / "model.safetensors.index.json").is_file() and len(list(d.glob("model-*.safetensors"))) > 2
+    elif form == "pytorch_model.bin":  # the legacy single pickle file (transformers 5 no longer writes one)
+        hf.save_pretrained(d)
+        torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
+        (d / "model.safetensors").unlink()
+    elif form == "bf16":  # weights stored in bf16, config dtype bfloat16; loaded with dtype="float32"
+        hf.to(torch.bfloat16).save_pretrained(d)
+        hf.float()
+    elif form == "torch_dtype":  # an older config: torch_dtype only, and fp16 weights
+        hf.half().save_pretrained(d)
+        hf.float()
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["torch_dtype"] = cfg.pop("dtype", "float16")
+        (d / "config.json").write_text(json.dumps(cfg))
+    tok.save_pretrained(d)
+    return type(hf).from_pretrained(d, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba", "mamba2", "bamba"])
+@pytest.mark.parametrize("form", ["sharded", "pytorch_model.bin", "bf16", "torch_dtype"])
+def test_checkpoint_forms_load_exactly_and_run_the_everyday_workflow(tmp_path, tok, family, form):
+    from gather_aggregate.interventions import ablate, run_ablated
+    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.session import count_hooks, param_checksum
+
+    ref = _save(_hf(family, len(tok)), tok, tmp_path, form)
+    model = load_model(tmp_path, dtype="float32")
+    tokens = model.to_tokens(["apple:12 river:7 stone:3 river", "The quick brown fox jumps over"])
+    with torch.no_grad():
+        want = ref(tokens).logits
+        assert (model(tokens) - want).abs().max() <= TOL
+        logits, cache = model.run_with_cache(tokens)
+    assert (logits - want).abs().max() <= TOL and len(cache) > 0
+    last = model.n_layers - 1
+    pattern = model.pattern(tokens, last)  # attention or SSM-implied attention: rows are distributions
+    assert pattern.shape[-2:] == (tokens.shape[1], tokens.shape[1]) and torch.isfinite(pattern).all()
+    target = tokens[:, -1]
+
+    def metric(lg):
+        return lg[:, -2].log_softmax(-1).gather(1, target[:, None]).mean()
+
+    heads = model.all_heads()[:2]
+    scan = exact_scan(model, tokens, metric, heads=heads, progress=False)
+    hooks, before = count_hooks(model), param_checksum(model)
+    with torch.no_grad():
+        for row in scan.rows:  # the scan's number is the ablated forward's
+            drop = float(metric(want)) - float(metric(run_ablated(model, tokens, [(row["layer"], row["head"])])))
+            assert row["score"] == pytest.approx(drop, abs=1e-4)
+        with ablate(model, heads[:1]):
+            ablated = model(tokens)
+    assert torch.allclose(ablated, run_ablated(model, tokens, heads[:1]))
+    assert count_hooks(model) == hooks and param_checksum(model) == before
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba", "bamba"])
+def test_a_config_with_dtype_and_torch_dtype_disagreeing_loads_as_hf_does(tmp_path, tok, family):
+    hf = _hf(family, len(tok))
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "dtype": "float32", "torch_dtype": "bfloat16"}))
+    want = next(type(hf).from_pretrained(tmp_path).parameters()).dtype
+    assert next(load_model(tmp_path).parameters()).dtype == want == torch.float32  # `dtype` wins, as in HF
+
+
+def test_paths_that_hold_no_checkpoint_name_what_to_load(tmp_path, tok, tiny_llama_dir, monkeypatch):
+    cases = []
+    peft = tmp_path / "lora"  # a PEFT adapter; was "has no config.json; save the model there"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/base", "peft_type": "LORA"}))
+    (peft / "adapter_model.safetensors").write_bytes(b"")
+    cases.append((peft, "holds a PEFT adapter of 'org/base'.*merge_and_unload"))
+    repo = tmp_path / "hub" / "models--org--tiny"  # the HF cache's folder of a repo; was "has no config.json"
+    shutil.copytree(tiny_llama_dir, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    cases.append((repo, "Hugging Face cache folder; load its snapshot: load_model\\('.*snapshots/abc123'\\)"))
+    outer = tmp_path / "download"  # an archive unpacked into a folder of its own; was "has no config.json"
+    shutil.copytree(tiny_llama_dir, outer / "tiny-llama")
+    cases.append((outer, "did you mean load_model\\('.*download/tiny-llama'\\)"))
+    only_tok = tmp_path / "tok"  # was "has no config.json; save the model there"
+    tok.save_pretrained(only_tok)
+    cases.append((only_tok, "holds only a tokenizer; the model's config.json and weights are missing"))
+    (tmp_path / "empty").mkdir()
+    cases.append((tmp_path / "empty", "is empty"))
+    cases.append((tiny_llama_dir / "model.safetensors", f"is a file of a checkpoint; pass its directory: "
+                                                        f"load_model\\('{tiny_llama_dir}'\\)"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")  # was "is a file; pass the model directory"
+    cases.append((tmp_path / "m.gguf", "is a GGUF file; load_model reads Hugging Face checkpoints"))
+    for path, needle in cases:
+        with pytest.raises(ModelLoadError, match=needle) as err:
+            load_model(path)
+        _one_line(err.value)
+    monkeypatch.setenv("HOME", str(tmp_path))  # `~` and a pathlib.Path name the same checkpoint
+    shutil.copytree(tiny_llama_dir, tmp_path / "ckpt")
+    tokens = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_model("~/ckpt")(tokens), load_model(tmp_path / "ckpt")(tokens))
+
+
+def test_a_config_with_fewer_layers_than_its_weights_is_refused(tmp_path, tiny_llama_dir):
+    """Was: loaded silently as a 1-layer model (HF drops the extra layers with a warning); the SSM loader refused."""
+    shutil.copytree(tiny_llama_dir, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1}))
+    with pytest.raises(CheckpointError, match="holds layers up to 1, but its config.json has num_hidden_layers=1.*"
+                                              "set num_hidden_layers=2") as err:
+        load_model(tmp_path / "m")
+    _one_line(err.value)
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
+def test_quantized_checkpoints_are_one_line(tmp_path, tok, family):
+    """Was: transformers' ImportError (a transformer), or the quantization config silently ignored (an SSM or hybrid,
+    whose loader copies stored tensors as floats: packed integer weights would load as nonsense)."""
+    hf = _hf(family, len(tok))
+    hf.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if family == "llama":
+        try:
+            import bitsandbytes  # noqa: F401
+            pytest.skip("bitsandbytes is installed: transformers loads the checkpoint itself")
+        except ImportError:
+            pass
+        cls, needle = ModelLoadError, "is quantized \\(quant_method 'bitsandbytes'\\) and transformers cannot load it"
+    else:
+        cls, needle = UnsupportedModelError, "is quantized .*load the model's unquantized checkpoint"
+    with pytest.raises(cls, match=needle) as err:
+        load_model(tmp_path)
+    assert isinstance(err.value, GAError)
+    _one_line(err.value)
