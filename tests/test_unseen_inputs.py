@@ -15,7 +15,13 @@ import torch
 from safetensors.torch import load_file
 
 from gather_aggregate import load_model
-from gather_aggregate.errors import CheckpointError, GAError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.errors import (
+    CheckpointError,
+    GAError,
+    InputError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
 
 TOL = 1e-4
 
@@ -183,3 +189,89 @@ def test_quantized_checkpoints_are_one_line(tmp_path, tok, family):
         load_model(tmp_path)
     assert isinstance(err.value, GAError)
     _one_line(err.value)
+
+
+# ---- hybridise ------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama_teacher(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
+
+
+def test_hybridise_takes_load_models_transformer_and_a_zoo_name(llama_teacher, llama_model, tiny_llama_dir):
+    """load_model's own model of a Llama was "the teacher's weights lack 'model.embed_tokens.weight'" (the bridge
+    renames HF's parameters); a zoo name was "has no config.json"."""
+    from gather_aggregate.hybridise import hybridise
+    from gather_aggregate.zoo import list_zoo
+
+    want = hybridise(llama_teacher, [(0, 1), (1, 3)], d_state=8).state_dict()
+    for teacher in (llama_model, tiny_llama_dir, str(tiny_llama_dir)):
+        got = hybridise(teacher, [(0, 1), (1, 3)], d_state=8).state_dict()
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    tokens = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    with torch.no_grad():  # keeping every head is the teacher itself
+        assert (hybridise(llama_model, "all")(tokens) - llama_teacher(tokens).logits).abs().max() <= TOL
+    if "llama-kvmc" in list_zoo():
+        assert hybridise("llama-kvmc", [(0, 1)]).cfg.n_kept == 1
+
+
+@pytest.mark.parametrize("kept, needle", [
+    (None, "kept must be \\(layer, head\\) pairs .*got None"),  # TypeError: 'NoneType' object is not iterable
+    (5, "kept must be \\(layer, head\\) pairs .*got 5"),  # TypeError: 'int' object is not iterable
+    ([(0, 1.5)], "kept head must be an integer, got 1.5"),  # was truncated to head 1
+    ([(True, 1)], "kept layer must be an integer, got True"),  # was read as layer 1
+    ([(0, 9)], "out of range"),
+    (["L0X1"], "pairs or names like 'L1H0'"),
+])
+def test_hybridise_kept_heads_are_checked(llama_teacher, kept, needle):
+    from gather_aggregate.hybridise import hybridise
+
+    with pytest.raises(InputError, match=needle) as err:
+        hybridise(llama_teacher, kept)
+    _one_line(err.value)
+
+
+def test_hybridise_kept_heads_in_the_forms_scans_use(llama_teacher):
+    import numpy as np
+
+    from gather_aggregate.hybridise import hybridise
+
+    want = hybridise(llama_teacher, [(0, 1), (1, 3)]).cfg.kept
+    for kept in (np.array([[0, 1], [1, 3]]), torch.tensor([[0, 1], [1, 3]]), ["L0H1", "l1h3"], [(0, 1), (-1, -1)],
+                 {(0, 1), (1, 3)}):  # an array was "truth value of an array is ambiguous"; names were refused
+        assert hybridise(llama_teacher, kept).cfg.kept == want
+    assert hybridise(llama_teacher, "ALL").cfg.n_kept == 8
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(d_state=0), "d_state must be >= 1"),  # was silently the default (the head dimension)
+    (dict(d_state=2.5), "d_state must be an integer, got 2.5"),  # was truncated to 2
+    (dict(d_state=True), "d_state must be an integer, got True"),  # was d_state=1
+    (dict(d_conv=2.5), "d_conv must be an integer, got 2.5"),  # TypeError in torch.zeros
+    (dict(seed="a"), "seed must be an integer"),  # RuntimeError: manual_seed expected a long
+])
+def test_hybridise_sizes_are_whole_numbers(llama_teacher, kwargs, needle):
+    from gather_aggregate.hybridise import hybridise
+
+    with pytest.raises(InputError, match=needle) as err:
+        hybridise(llama_teacher, "none", **kwargs)
+    _one_line(err.value)
+
+
+def test_hybridise_refuses_what_it_cannot_convert_by_name(tmp_path, llama_teacher, tiny_gpt2_dir):
+    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.hybridise import hybridise
+    from gather_aggregate.testing import tiny_llama
+
+    cases = [(tiny_gpt2_dir, UnsupportedModelError, "takes a Llama-family transformer .*got 'gpt2'"),
+             (tiny_hf_ssm("mamba2"), UnsupportedModelError, "got 'mamba2'"),
+             (tiny_llama(attention_bias=True)[0], UnsupportedModelError, "this teacher has attention_bias"),
+             (tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0})[0], UnsupportedModelError,
+              "this teacher has rope_type 'linear'"),
+             (tmp_path / "nope", ModelLoadError, "no such model directory"),
+             (3, InputError, "takes a Llama directory, a zoo name, an HF LlamaForCausalLM .*got int")]
+    for teacher, cls, needle in cases:
+        with pytest.raises(cls, match=needle) as err:
+            hybridise(teacher, [(0, 1)])
+        _one_line(err.value)

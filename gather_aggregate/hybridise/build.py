@@ -42,18 +42,30 @@ def _teacher_parts(teacher: Any) -> tuple[Any, dict[str, torch.Tensor], Any, str
         from transformers import AutoConfig
 
         from gather_aggregate.adapters.checkpoint import read_state_dict
-        from gather_aggregate.loading import load_tokenizer
+        from gather_aggregate.loading import load_tokenizer, resolve_source
+        from gather_aggregate.loading_checks import file_message, no_config_message
 
-        d = Path(teacher).expanduser()
+        d = Path(resolve_source(teacher)).expanduser()  # a zoo name, `~`; a near miss gets a "did you mean"
+        if d.is_file():
+            raise InputError(file_message(d))
+        if not d.is_dir():
+            raise InputError(f"hybridise takes a local Llama checkpoint directory or a zoo name; {str(teacher)!r} is "
+                             "neither (download a hub model first and pass its directory)")
         if not (d / "config.json").is_file():
-            raise InputError(f"{str(d)!r} has no config.json; pass a Llama checkpoint directory")
+            raise InputError(no_config_message(d))
         return AutoConfig.from_pretrained(str(d)), read_state_dict(d), load_tokenizer(str(d)), str(d)
     hf = teacher
+    bridged = getattr(getattr(teacher, "module", None), "original_model", None)  # a BridgeModel from load_model
+    if bridged is not None and hasattr(bridged, "config"):
+        # TransformerLens wraps each HF submodule: its parameters are HF's own, named with "._original_component"
+        sd = {k.replace("._original_component", ""): v.detach() for k, v in bridged.state_dict().items()}
+        return bridged.config, sd, getattr(teacher, "tokenizer", None), str(getattr(teacher, "name", "") or "")
     for attr in ("hf_model", "original_model", "model"):  # a wrapper holding the HF model
         if not hasattr(hf, "config") and hasattr(hf, attr):
             hf = getattr(hf, attr)
     if not hasattr(hf, "config") or not hasattr(hf, "state_dict"):
-        raise InputError(f"hybridise takes a Llama directory or an HF LlamaForCausalLM, got {type(teacher).__name__}")
+        raise InputError(f"hybridise takes a Llama directory, a zoo name, an HF LlamaForCausalLM or load_model's "
+                         f"model of one, got {type(teacher).__name__}")
     return hf.config, {k: v.detach() for k, v in hf.state_dict().items()}, getattr(teacher, "tokenizer", None), \
         str(getattr(hf.config, "_name_or_path", ""))
 
@@ -84,8 +96,11 @@ def hybridise(teacher: Any, kept: Sequence[tuple[int, int]] | str, *, d_state: i
         init: ``"mohawk"`` (from the attention heads) or ``"random"``.
         seed: for the random parts of the initialisation.
     """
+    from gather_aggregate.indices import as_index
+
     if init not in ("mohawk", "random"):
         raise InputError(f"init must be 'mohawk' or 'random', got {init!r}")
+    seed = as_index(seed, "seed")  # a string was torch's "manual_seed expected a long"
     hf_cfg, sd, tokenizer, name = _teacher_parts(teacher)
     cfg = HeadHybridConfig.from_llama(hf_cfg, kept, d_state=d_state, d_conv=d_conv, teacher=name)
     gen = torch.Generator().manual_seed(seed)

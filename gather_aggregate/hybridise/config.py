@@ -122,26 +122,20 @@ class HeadHybridConfig:
             raise UnsupportedModelError(f"hybridise takes a Llama-family transformer (model_type 'llama'), got "
                                         f"{c.get('model_type')!r}")
         rp = dict(c.get("rope_parameters") or {})
-        if rp.get("rope_type", "default") != "default" or c.get("attention_bias") or c.get("mlp_bias"):
-            raise UnsupportedModelError("hybridise supports default RoPE without attention/MLP biases")
+        found = [what for what, bad in ((f"rope_type {rp.get('rope_type')!r}", rp.get("rope_type", "default") != "default"),
+                                        ("attention_bias", c.get("attention_bias")), ("mlp_bias", c.get("mlp_bias")))
+                 if bad]
+        if found:
+            raise UnsupportedModelError(f"hybridise supports Llamas with default RoPE and no attention/MLP biases; this "
+                                        f"teacher has {', '.join(found)}")
+        from gather_aggregate.indices import as_index
+
+        if d_state is not None and as_index(d_state, "d_state") < 1:  # 0 was read as "the default"
+            raise InputError(f"d_state must be >= 1 (or None for the head dimension), got {d_state!r}")
+        d_conv = as_index(d_conv, "d_conv")  # 2.5 was a TypeError deep in torch.zeros
         n_layers, n_heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
         d_head = int(c.get("head_dim") or int(c["hidden_size"]) // n_heads)
-        per_layer: list[set[int]] = [set() for _ in range(n_layers)]
-        if kept == "all":
-            per_layer = [set(range(n_heads)) for _ in range(n_layers)]
-        elif kept == "none":
-            pass
-        elif isinstance(kept, str):
-            raise InputError(f"kept must be (layer, head) pairs, 'all' or 'none', got {kept!r}")
-        else:
-            for item in kept:
-                try:
-                    L, h = (int(x) for x in item)
-                except (TypeError, ValueError):
-                    raise InputError(f"kept must be (layer, head) pairs, got {item!r}") from None
-                if not 0 <= L < n_layers:
-                    raise InputError(f"kept head ({L}, {h}): layer out of range (0..{n_layers - 1})")
-                per_layer[L].add(h)
+        per_layer = _kept_per_layer(kept, n_layers, n_heads)
 
         def first(v: Any) -> int | None:
             v = v[0] if isinstance(v, (list, tuple)) and v else v
@@ -158,6 +152,35 @@ class HeadHybridConfig:
             pad_token_id=first(c.get("pad_token_id")), bos_token_id=first(c.get("bos_token_id")),
             eos_token_id=first(c.get("eos_token_id")), teacher=teacher,
         )
+
+
+def _kept_per_layer(kept: Any, n_layers: int, n_heads: int) -> list[set[int]]:
+    """``kept`` as the kept heads of each layer: ``"all"`` / ``"none"``, or ``(layer, head)`` pairs (names such as
+    ``"L1H0"``, NumPy/torch integers, an ``[n, 2]`` array; negative indices count from the end, as in scans)."""
+    from gather_aggregate.indices import HEAD_NAME, as_index
+
+    if isinstance(kept, str) and kept.strip().lower() in ("all", "none"):
+        return [set(range(n_heads)) if kept.strip().lower() == "all" else set() for _ in range(n_layers)]
+    if isinstance(kept, str) or not hasattr(kept, "__iter__"):
+        raise InputError(f"kept must be (layer, head) pairs (e.g. [(1, 0), (1, 3)] or scan.top(5)), 'all' or "
+                         f"'none', got {kept!r}")
+    items = kept.tolist() if hasattr(kept, "tolist") else list(kept)  # a NumPy array or tensor of pairs
+    per_layer: list[set[int]] = [set() for _ in range(n_layers)]
+    for item in items:
+        if isinstance(item, str) and HEAD_NAME.match(item.strip()):
+            m = HEAD_NAME.match(item.strip())
+            item = (int(m.group(1)), int(m.group(2))) if m else item
+        try:
+            L, h = item
+        except (TypeError, ValueError):
+            raise InputError(f"kept must be (layer, head) pairs or names like 'L1H0', got {item!r}") from None
+        L, h = as_index(L, "kept layer"), as_index(h, "kept head")  # 1.5 was truncated to 1, True read as 1
+        if not -n_layers <= L < n_layers:
+            raise InputError(f"kept head ({L}, {h}): layer out of range (0..{n_layers - 1})")
+        if not -n_heads <= h < n_heads:
+            raise InputError(f"kept heads [{h}] of layer {L} out of range (0..{n_heads - 1})")
+        per_layer[L % n_layers].add(h % n_heads)
+    return per_layer
 
 
 __all__ = ["HeadHybridConfig", "MODEL_TYPE"]
