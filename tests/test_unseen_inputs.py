@@ -275,3 +275,32 @@ def test_hybridise_refuses_what_it_cannot_convert_by_name(tmp_path, llama_teache
         with pytest.raises(cls, match=needle) as err:
             hybridise(teacher, [(0, 1)])
         _one_line(err.value)
+
+
+# ---- the lm-eval model ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, needle", [
+    ("batch_size=abc", "batch_size='abc': pass a whole number"),  # each was int()'s ValueError
+    ("max_length=x", "max_length='x': pass a whole number"),
+    ("max_gen_toks=x", "max_gen_toks='x': pass a whole number"),
+    ("head_size=x", "head_size='x': pass a whole number"),
+    ("n_reference=x", "n_reference='x': pass a whole number"),
+    ("seed=x", "seed='x': pass a whole number"),
+    ("batch_size=2.5", "batch_size=2.5: pass a whole number"),  # was truncated to 2
+    ("max_length=-5", "max_length=-5: use a whole number of at least 1"),  # was accepted
+    ("max_gen_toks=-1", "max_gen_toks=-1: use a whole number of at least 1"),  # was accepted
+    ("chat_template=5", "chat_template=5: pass 'default' or a Jinja template string"),  # was accepted
+    ("pretrained=", "pretrained= is empty"),  # was "'.' has no config.json"
+])
+def test_lm_eval_model_args_are_checked_before_the_model_loads(tiny_llama_dir, monkeypatch, args, needle):
+    pytest.importorskip("lm_eval", reason="needs the lmeval extra")
+    import gather_aggregate.loading as loading
+    from gather_aggregate.lm_eval.model import GatherAggregateLM
+
+    def never(*a, **k):
+        raise AssertionError("the model loaded before its arguments were checked")
+
+    monkeypatch.setattr(loading, "load_model", never)
+    text = args if args.startswith("pretrained=") else f"pretrained={tiny_llama_dir},{args}"
+    with pytest.raises(InputError, match=needle) as err:
+        GatherAggregateLM.create_from_arg_string(text)
+    _one_line(err.value)

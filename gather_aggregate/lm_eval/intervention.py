@@ -42,7 +42,7 @@ from torch import Tensor
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import METHODS, Replacement, ablation_hooks, group_by_layer, heads_except
-from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers
+from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers, whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.protocol import HookedModel
@@ -123,13 +123,11 @@ class Intervention:
     def from_args(cls, ablate: Any = None, keep: Any = None, prune: Any = None, method: str = "zero",
                   reference: Any = "kv", n_reference: int = 32, seed: int = 0) -> Intervention:
         out = cls(parse_heads(ablate, "ablate"), parse_heads(keep, "keep"), parse_layers(prune), str(method),
-                  str(reference), int(n_reference), int(seed))
+                  str(reference), whole_number(n_reference, "n_reference", 1), whole_number(seed, "seed", 0))
         if out.method not in METHODS:
             raise InputError(f"method={out.method!r}: use one of {', '.join(METHODS)}")
         if out.ablate and out.keep:
             raise InputError("pass ablate= (heads to remove) or keep= (heads to keep, the rest removed), not both")
-        if out.n_reference < 1:
-            raise InputError(f"n_reference={out.n_reference}: use at least one reference prompt")
         return out
 
     @property

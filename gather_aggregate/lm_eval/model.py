@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.lm_eval.intervention import Intervention
+from gather_aggregate.lm_eval.spec import whole_number
 from gather_aggregate.session import eval_mode
 from gather_aggregate.zoo import resolve_model_path
 
@@ -88,26 +89,33 @@ class GatherAggregateLM(TemplateLM):
                              "max_gen_toks, chat_template, head_size (SSMs)")
         if (pretrained is None) == (model is None):
             raise InputError("pass pretrained=DIR (a model directory or zoo name) or model=<hooked model>, not both")
+        if pretrained is not None and not str(pretrained).strip():  # was "'.' has no config.json"
+            raise InputError("pretrained= is empty; pass pretrained=DIR (a model directory or zoo name)")
+        # every number is checked before the model loads (each was int()'s ValueError, or a float truncated)
+        batch = 16 if batch_size in (None, "auto") or str(batch_size).startswith("auto") \
+            else whole_number(batch_size, "batch_size", 1)
+        max_length = None if max_length in (None, 0, "0", "") else whole_number(max_length, "max_length", 1)
+        max_gen_toks = whole_number(max_gen_toks, "max_gen_toks", 1)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise InputError(f"chat_template={chat_template!r}: pass 'default' or a Jinja template string")
+        intervention = intervention or Intervention.from_args(ablate, keep, prune, method, reference, n_reference,
+                                                              seed)
         if model is None:
             from gather_aggregate.loading import load_model
 
             pretrained = resolve_model_path(str(pretrained))
-            extra = {} if head_size is None else {"head_size": int(head_size)}
+            extra = {} if head_size is None else {"head_size": whole_number(head_size, "head_size", 1)}
             model = load_model(pretrained, device=_device(device), dtype=dtype, **extra)
         self.model = model
         self.model_dir = str(pretrained) if pretrained is not None else getattr(model, "name_or_path", None)
         self.tokenizer = model.tokenizer
         if self.tokenizer is None:
             raise InputError("the model has no tokenizer; load it with load_model(dir) or set model.tokenizer")
-        self.intervention = intervention or Intervention.from_args(ablate, keep, prune, method, reference,
-                                                                   n_reference, seed)
+        self.intervention = intervention
         self._hooks = self.intervention.hooks(model, self.model_dir)
-        self.batch_size = 16 if batch_size in (None, "auto") or str(batch_size).startswith("auto") \
-            else int(batch_size)
-        if self.batch_size < 1:
-            raise InputError(f"batch_size={batch_size}: use a positive batch size")
-        self._max_length = int(max_length) if max_length else None
-        self.max_gen_toks = int(max_gen_toks)
+        self.batch_size = batch
+        self._max_length = max_length
+        self.max_gen_toks = max_gen_toks
         self._chat_template = chat_template
         self._device = model.device
         self.n_forwards = 0

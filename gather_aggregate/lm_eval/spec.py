@@ -57,3 +57,18 @@ def format_heads(heads: Sequence[Head]) -> str:
     return ";".join(f"L{a}H{b}" for a, b in heads)
 
 
+
+
+def whole_number(value: Any, what: str, low: int) -> int:
+    """A number of ``model_args`` as lm-eval passes it (an int, or text such as ``"16"``), at least ``low``.
+
+    Floats, booleans and words are refused (``batch_size=2.5`` was truncated to 2, ``max_length=x`` was
+    ``int()``'s ValueError).
+    """
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"[+-]?\d+", text):
+        raise InputError(f"{what}={value!r}: pass a whole number (at least {low}), e.g. {what}={max(low, 1) * 16}")
+    number = int(text)
+    if number < low:
+        raise InputError(f"{what}={number}: use a whole number of at least {low}")
+    return number
