@@ -51,6 +51,23 @@ def _ray() -> Any:
     return ray
 
 
+def check_ray_options(ray: Any, address: Any, num_workers: Any, **counts: Any) -> bool:
+    """Whether a job goes to Ray, after checking its options before any cluster starts (``ray="host:port"`` ran a
+    local cluster and ignored the address; ``num_workers=2.5`` reached Ray's own resource check).  ``counts``:
+    other whole numbers that must be at least 1 (``shard_size=4``)."""
+    from gather_aggregate.indices import as_index
+
+    if not isinstance(ray, bool):
+        hint = f"; to join the cluster at {ray!r}, pass ray_address={ray!r}" if isinstance(ray, str) else ""
+        raise InputError(f"ray must be True or False (True: a local Ray cluster), got {ray!r}{hint}")
+    if address is not None and not isinstance(address, str):
+        raise InputError(f"ray_address must be 'auto' or 'host:port', got {type(address).__name__}")
+    for name, value in {"num_workers": num_workers, **counts}.items():
+        if as_index(value, name) < 1:
+            raise InputError(f"{name} must be at least 1, got {value}")
+    return ray or address is not None
+
+
 def _check_reachable(address: str, timeout: float = 3.0) -> None:
     """Fail fast (one line, the fix named) when ``host:port`` does not accept a connection."""
     hostport = address.split("://", 1)[-1].rstrip("/")
@@ -68,6 +85,8 @@ def _check_reachable(address: str, timeout: float = 3.0) -> None:
 
 def connect(address: str | None = None, num_cpus: int | None = None) -> Any:
     """The ``ray`` module, initialised: reuse a running session, join ``address``, or start a local cluster."""
+    if address is not None and not isinstance(address, str):
+        raise InputError(f"a Ray address is 'auto', 'HOST:PORT' or 'ray://HOST:PORT', got {type(address).__name__}")
     if address is not None and address not in ("local", "auto"):
         _check_reachable(address)
     ray = _ray()
@@ -162,8 +181,7 @@ def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards
     or closures over picklable values).  A shard whose worker dies is retried on a new worker up to
     ``max_retries`` times.
     """
-    if num_workers < 1:
-        raise InputError(f"num_workers must be at least 1, got {num_workers}")
+    check_ray_options(True, address, num_workers, threads=threads)
     if out is not None:  # before any worker starts
         check_output_file(out, twin=True)
     meta = dict(meta or {})

@@ -217,10 +217,11 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     In this process by default; with ``ray=True`` (a local cluster) or ``ray_address=`` sharded over Ray
     workers, ``shard_size`` sets per shard.  ``out``/``resume`` as in :func:`run_sharded`.
     """
-    from gather_aggregate.distributed import model_loader, run_sharded
+    from gather_aggregate.distributed import check_ray_options, model_loader, run_sharded
     from gather_aggregate.io import write_table
     from gather_aggregate.scan import _as_model, model_fingerprint, task_fingerprint
 
+    on_ray = check_ray_options(ray, ray_address, num_workers, shard_size=shard_size)  # before any forward
     model = _as_model(model)
     tokens = model.validate_tokens(tokens)
     sets = [model.check_head_set(hs) for hs in head_sets]
@@ -231,7 +232,7 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     shards = [(s, sets[s:s + shard_size], kw) for s in range(0, len(sets), shard_size)]
     meta = {"mode": "ablation_sweep", "method": method, "model": model_fingerprint(model),
             "task": task_fingerprint(tokens, metric, {"sets": [[list(h) for h in hs] for hs in sets]})}
-    if not ray and ray_address is None:
+    if not on_ray:
         rows: list[dict[str, Any]] = []
         for sh in shards:
             rows += _sweep_shard(model, sh)

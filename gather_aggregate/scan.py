@@ -197,11 +197,11 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         raise InputError(f"out must be a file path (str or Path) for the scan table, got {type(out).__name__}")
     if out is not None:  # before any forward: not after the first chunk's work
         check_output_file(out, twin=True)
-    if ray_address is not None and not isinstance(ray_address, str):
-        raise InputError(f"ray_address must be 'auto' or 'host:port', got {type(ray_address).__name__}")
     if max_rows is not None and (as_index(max_rows, "max_rows") < 1):
         raise InputError(f"max_rows={max_rows}: pass a positive number of stacked rows per forward, or None")
-    if ray or ray_address is not None:
+    from gather_aggregate.distributed import check_ray_options
+
+    if check_ray_options(ray, ray_address, num_workers):
         return exact_scan_ray(model, tokens, metric, heads, method, reference, per_position=per_position,
                               seed=seed, max_rows=max_rows, out=out, resume=resume, address=ray_address,
                               num_workers=num_workers)
@@ -300,7 +300,9 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     table's fingerprints.  Each shard is a run of whole stacked forwards of one layer, so every number equals
     the single-process scan's.  The table (``out``) is exact_scan's: either resumes the other's file.
     """
-    from gather_aggregate.distributed import model_loader, run_sharded
+    from gather_aggregate.distributed import check_ray_options, model_loader, run_sharded
+
+    check_ray_options(True, address, num_workers, threads=threads, shards_per_worker=shards_per_worker)
     model = _as_model(model)
     loader = model_loader(model)
     tokens, heads = _prepare(model, tokens, heads, metric)

@@ -117,6 +117,9 @@ def run_scan(args: argparse.Namespace) -> int:
     from gather_aggregate.attribution import attribution_scan
     from gather_aggregate.scan import exact_scan
 
+    if args.mode != "exact" and (getattr(args, "ray", None) is not None or args.resume):  # were ignored silently
+        raise InputError(f"--{'ray' if getattr(args, 'ray', None) is not None else 'resume'} applies to the exact "
+                         f"scan only; --mode {args.mode} is one pass of gradients: leave it out, or use --mode exact")
     out, model, examples = _start(args, "scan")
     tokens, metric = task_metric(model, examples)
     reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts

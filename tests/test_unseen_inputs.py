@@ -304,3 +304,45 @@ def test_lm_eval_model_args_are_checked_before_the_model_loads(tiny_llama_dir, m
     with pytest.raises(InputError, match=needle) as err:
         GatherAggregateLM.create_from_arg_string(text)
     _one_line(err.value)
+
+
+# ---- the Ray path ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(ray="127.0.0.1:6379"), "ray must be True or False .*pass ray_address='127.0.0.1:6379'"),  # ran locally
+    (dict(ray=True, num_workers=2.5), "num_workers must be an integer, got 2.5"),  # Ray's resource ValueError
+    (dict(ray=True, num_workers="2"), "num_workers must be an integer, got '2'"),  # TypeError: '>' not supported
+    (dict(ray=True, num_workers=True), "num_workers must be an integer, got True"),  # ran with one worker
+    (dict(ray_address="127.0.0.1:1", num_workers=0), "num_workers must be at least 1"),
+    (dict(ray_address=5), "ray_address must be 'auto' or 'host:port', got int"),
+])
+@pytest.mark.parametrize("job", ["exact_scan", "ablation_sweep"])
+def test_ray_options_are_checked_before_any_cluster_starts(llama_model, monkeypatch, job, kwargs, needle):
+    import gather_aggregate.distributed as distributed
+    from gather_aggregate.experiments import ablation_sweep
+    from gather_aggregate.scan import exact_scan
+
+    def no_cluster():
+        raise AssertionError("a Ray cluster was started before the options were checked")
+
+    monkeypatch.setattr(distributed, "_ray", no_cluster)
+    tokens = torch.tensor([[1, 5, 9, 3, 7], [2, 8, 4, 6, 11]])
+
+    def metric(logits):
+        return logits[:, -1, 3].mean()
+
+    with pytest.raises(InputError, match=needle) as err:
+        if job == "exact_scan":
+            exact_scan(llama_model, tokens, metric, heads=[(0, 1)], progress=False, **kwargs)
+        else:  # ray_address=5 was AttributeError: 'int' object has no attribute 'split'
+            ablation_sweep(llama_model, tokens, metric, [[(0, 1)]], **kwargs)
+    _one_line(err.value)
+
+
+@pytest.mark.parametrize("shard_size, needle", [(0, "shard_size must be at least 1"),  # range() arg 3 must not be 0
+                                                (2.5, "shard_size must be an integer")])  # TypeError
+def test_ablation_sweep_shard_size(llama_model, shard_size, needle):
+    from gather_aggregate.experiments import ablation_sweep
+
+    with pytest.raises(InputError, match=needle):
+        ablation_sweep(llama_model, torch.tensor([[1, 5, 9]]), lambda lg: lg[:, -1, 3].mean(), [[(0, 1)]],
+                       shard_size=shard_size)

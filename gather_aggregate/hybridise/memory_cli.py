@@ -58,9 +58,14 @@ def memory_configs(args: argparse.Namespace) -> dict[str, Any]:
     from gather_aggregate.zoo import list_zoo
 
     zoo = list_zoo()
-    names = [args.model] if args.model else list(zoo)
+    # the comma list the help promises (it was read as one name: "'a,b' has no config.json")
+    names = [n.strip() for n in args.model.split(",") if n.strip()] if args.model else list(zoo)
     configs: dict[str, Any] = {}
     keeps, d_states = _ints(args.keep), _ints(args.d_states)
+    if any(n < 1 for n in d_states):  # 0 was read as "the head dimension"
+        raise InputError(f"--d-states takes SSM state sizes >= 1, got {args.d_states!r}")
+    if d_states and not keeps:
+        raise InputError("--d-states sizes the hybrids that --keep lists; pass --keep too (e.g. --keep 0,2,10)")
     for name in names:
         path = Path(zoo.get(name, name)).expanduser()
         if not (path / "config.json").is_file():
@@ -69,6 +74,9 @@ def memory_configs(args: argparse.Namespace) -> dict[str, Any]:
         configs[name] = raw
         if keeps and raw.get("model_type") == "llama":
             configs |= hybrid_variants(name, raw, keeps, d_states)
+    if keeps and not any(c.get("model_type") == "llama" for c in configs.values()):  # was ignored silently
+        raise InputError(f"--keep lists head-level hybrids of Llama models, and none of {', '.join(names)} is one; "
+                         "pass a Llama (e.g. --model llama-kvmc) or leave --keep out")
     if args.reference:
         configs["Llama-3.2-1B (bf16)"] = LLAMA_32_1B
         configs |= hybrid_variants("Llama-3.2-1B", LLAMA_32_1B, [10], [64, 8])
@@ -78,7 +86,10 @@ def memory_configs(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_memory(args: argparse.Namespace) -> int:
     from gather_aggregate.hybridise.memory import format_table, memory_table
 
-    rows = memory_table(memory_configs(args), _ints(args.lengths), batch=args.batch,
+    lengths = _ints(args.lengths)
+    if not lengths:  # was an empty table
+        raise InputError("no --lengths given; pass prompt lengths, e.g. --lengths 128,2048,4096")
+    rows = memory_table(memory_configs(args), lengths, batch=args.batch,
                         bytes_per_element=args.bytes_per_element)
     print(format_table(rows))
     if args.out:

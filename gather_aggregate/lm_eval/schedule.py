@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from gather_aggregate.errors import InputError
 from gather_aggregate.io import read_json
-from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers
+from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers, whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.lm_eval.intervention import Intervention
@@ -221,6 +221,32 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(name: str, low: int) -> Any:
+    """An argparse type: a whole number of at least ``low`` (``--num-fewshot -2`` ran; ``--batch-size 0`` failed
+    only after the model loaded)."""
+    def parse(text: str) -> int:
+        try:
+            return whole_number(text, name, low)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _limit(text: str) -> float:
+    """``--limit``: a positive count or fraction (``-1`` was islice's ValueError after the model loaded)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--limit must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--limit must be a positive count (or a fraction below 1), got {text}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``lm-eval`` subcommand's own options (``--model``, ``--n``, ``--seed``, ``--out`` are common)."""
     p.add_argument("--tasks", default="ga_mmlu_letter,ga_mmlu_content,ga_kv,ga_knowledge",
@@ -235,11 +261,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
                    help="what replaces a removed head's output (mean/resample: over --reference prompts)")
     p.add_argument("--reference", default="kv", help="reference prompts for mean/resample: a task name or a file")
-    p.add_argument("--n-reference", type=int, default=32, help="number of reference prompts")
+    p.add_argument("--n-reference", type=_count("--n-reference", 1), default=32, help="number of reference prompts")
     p.add_argument("--formats", default="completion", help="completion and/or chat, comma separated")
     p.add_argument("--chat-template", default=None,
                    help="chat template for --formats chat: the tokenizer's own (default), 'default' for the "
                         "built-in 'Role: content' template, or a Jinja string")
-    p.add_argument("--limit", type=float, default=None, help="examples per task (lm-eval's --limit)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per prompt (lm-eval's)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward")
+    p.add_argument("--limit", type=_limit, default=None,
+                   help="examples per task (lm-eval's --limit: a count, or a fraction below 1)")
+    p.add_argument("--num-fewshot", type=_count("--num-fewshot", 0), default=None,
+                   help="few-shot examples per prompt (lm-eval's)")
+    p.add_argument("--batch-size", type=_count("--batch-size", 1), default=16, help="sequences per forward")
