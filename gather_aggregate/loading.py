@@ -345,6 +345,9 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         return model
     config, source = _resolve_config(name_or_path)
     dtype = parse_dtype(dtype)
+    from gather_aggregate.loading_checks import refuse_headless
+
+    refuse_headless(list(getattr(config, "architectures", None) or []), f"the checkpoint in {source!r} is ")
     tok = tokenizer if tokenizer is not None else load_tokenizer(source)
     model_type = getattr(config, "model_type", None)
 
@@ -425,10 +428,13 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
     """
     import torch
 
-    if not isinstance(hf_model, torch.nn.Module) or not hasattr(hf_model, "config"):
+    if not isinstance(hf_model, torch.nn.Module) or not (hasattr(hf_model, "config") or hasattr(hf_model, "module")):
         raise InputError(f"from_hf_model takes an in-memory transformers model (e.g. "
                          f"AutoModelForCausalLM.from_pretrained(dir)), got {type(hf_model).__name__}; for a directory "
                          "or zoo name use load_model(...)")
+    from gather_aggregate.loading_checks import unwrap_module
+
+    hf_model = unwrap_module(hf_model)  # torch.compile / DataParallel were "OptimizedModule is not supported"
     tokenizer = None if tokenizer is None or tokenizer is False else _user_tokenizer(tokenizer)  # as load_model
     model_type = getattr(hf_model.config, "model_type", None)
     if model_type in ssm_model_types():

@@ -139,3 +139,38 @@ def refuse_missing(hf: Any, info: dict[str, Any], source: str) -> None:
         raise CheckpointError(f"checkpoint in {source!r} holds layers up to {extra[-1]}, but its config.json has "
                               f"{key}={n}: the model would silently lose its last layers; set {key}={extra[-1] + 1} "
                               "in config.json (or re-save the model with model.save_pretrained(dir))")
+
+
+def refuse_headless(archs: list[str], what: str) -> None:
+    """A base model without a language-model head (``LlamaModel``, ``Mamba2Model``: what ``AutoModel`` loads): the
+    toolkit reads next-token logits.  It was refused as an architecture the bridge has no adapter for, as a bridge
+    AttributeError, or as a checkpoint missing every key."""
+    base = [a for a in archs if a.endswith("Model") and not a.endswith("LMHeadModel")]
+    if archs and len(base) == len(archs):
+        raise UnsupportedModelError(
+            f"{what}{base[0]}, a base model without a language-model head; gather-aggregate reads a causal LM's "
+            f"next-token logits: use {base[0].removesuffix('Model')}ForCausalLM (AutoModelForCausalLM loads and "
+            "saves it; AutoModel drops the head)")
+
+
+def unwrap_module(hf_model: Any) -> Any:
+    """The HF model inside ``torch.compile``'s ``OptimizedModule`` or (Distributed)DataParallel; a base model without
+    an LM head, and a model whose parameters are on the meta device (built under ``init_empty_weights`` /
+    ``device="meta"``), are refused."""
+    from gather_aggregate.errors import InputError
+
+    for _ in range(3):
+        inner = getattr(hf_model, "_orig_mod", None) or (getattr(hf_model, "module", None)
+                                                         if type(hf_model).__name__.endswith("DataParallel") else None)
+        if inner is None:
+            break
+        hf_model = inner
+    heads = getattr(hf_model, "get_output_embeddings", None)
+    if callable(heads) and heads() is None:  # an HF base model (what AutoModel.from_pretrained gives)
+        refuse_headless([type(hf_model).__name__ + ("" if type(hf_model).__name__.endswith("Model") else "Model")],
+                        "from_hf_model got ")
+    if any(p.is_meta for p in hf_model.parameters()):
+        raise InputError(f"the {type(hf_model).__name__} has parameters on the meta device (no values: built under "
+                         "init_empty_weights or device='meta'); load its weights first, or pass its directory to "
+                         "load_model")
+    return hf_model

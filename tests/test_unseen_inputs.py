@@ -346,3 +346,42 @@ def test_ablation_sweep_shard_size(llama_model, shard_size, needle):
     with pytest.raises(InputError, match=needle):
         ablation_sweep(llama_model, torch.tensor([[1, 5, 9]]), lambda lg: lg[:, -1, 3].mean(), [[(0, 1)]],
                        shard_size=shard_size)
+
+
+# ---- models in memory in the forms researchers hold them -------------------------------------------------------------
+def test_from_hf_model_unwraps_compiled_and_data_parallel_models(llama_teacher, llama_model):
+    """torch.compile's OptimizedModule was "model_type 'llama' (OptimizedModule) is not supported"; DataParallel was
+    "from_hf_model takes an in-memory transformers model, got DataParallel"."""
+    from gather_aggregate import from_hf_model
+
+    tokens = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    with torch.no_grad():
+        want = llama_teacher(tokens).logits
+        for wrapped in (torch.compile(llama_teacher), torch.nn.DataParallel(llama_teacher)):
+            assert (from_hf_model(wrapped)(tokens) - want).abs().max() <= TOL
+
+
+def test_base_models_without_an_lm_head_and_meta_models_are_named(tmp_path, tok, tiny_llama_dir):
+    """AutoModel.from_pretrained gives the base model: it was a bridge AttributeError ('LlamaModel' object has no
+    attribute 'model') or "missing keys (21)" for an SSM; a meta-device model was NotImplementedError (aten::equal)
+    or, for a transformer, a BridgeModel without values."""
+    from transformers import AutoModel
+
+    from gather_aggregate import from_hf_model
+
+    ssm = _hf("mamba2", len(tok))
+    ssm.save_pretrained(tmp_path / "m2")
+    for base, name in ((AutoModel.from_pretrained(tiny_llama_dir), "LlamaModel"),
+                       (AutoModel.from_pretrained(tmp_path / "m2"), "Mamba2Model")):
+        with pytest.raises(UnsupportedModelError, match=f"got {name}, a base model without a language-model head.*"
+                                                        f"use {name[:-5]}ForCausalLM") as err:
+            from_hf_model(base)
+        _one_line(err.value)
+        base.save_pretrained(tmp_path / name)  # and the checkpoint it saves (was: "the bridge has no adapter")
+        tok.save_pretrained(tmp_path / name)
+        with pytest.raises(UnsupportedModelError, match=f"is {name}, a base model without a language-model head"):
+            load_model(tmp_path / name)
+    with torch.device("meta"):
+        meta = _hf("mamba", len(tok))
+    with pytest.raises(InputError, match="parameters on the meta device"):
+        from_hf_model(meta)
