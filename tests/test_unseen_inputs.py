@@ -63,6 +63,8 @@ def _save(hf, tok, d, form: str):
     elif form == "bf16":  # weights stored in bf16, config dtype bfloat16; loaded with dtype="float32"
         hf.to(torch.bfloat16).save_pretrained(d)
         hf.float()
+    elif form == "tied":  # tie_word_embeddings: the checkpoint stores the embedding once
+        hf.save_pretrained(d)
     elif form == "torch_dtype":  # an older config: torch_dtype only, and fp16 weights
         hf.half().save_pretrained(d)
         hf.float()
@@ -74,13 +76,15 @@ def _save(hf, tok, d, form: str):
 
 
 @pytest.mark.parametrize("family", ["llama", "mamba", "mamba2", "bamba"])
-@pytest.mark.parametrize("form", ["sharded", "pytorch_model.bin", "bf16", "torch_dtype"])
+@pytest.mark.parametrize("form", ["sharded", "pytorch_model.bin", "bf16", "torch_dtype", "tied"])
 def test_checkpoint_forms_load_exactly_and_run_the_everyday_workflow(tmp_path, tok, family, form):
     from gather_aggregate.interventions import ablate, run_ablated
     from gather_aggregate.scan import exact_scan
     from gather_aggregate.session import count_hooks, param_checksum
 
-    ref = _save(_hf(family, len(tok)), tok, tmp_path, form)
+    ref = _save(_hf(family, len(tok), **({"tie_word_embeddings": True} if form == "tied" else {})), tok, tmp_path,
+                form)
+    assert ref.config.tie_word_embeddings == (form == "tied" or family == "mamba")  # MambaConfig ties by default
     model = load_model(tmp_path, dtype="float32")
     tokens = model.to_tokens(["apple:12 river:7 stone:3 river", "The quick brown fox jumps over"])
     with torch.no_grad():

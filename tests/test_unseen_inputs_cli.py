@@ -45,6 +45,10 @@ def no_model_loads(monkeypatch):
     (["lm-eval", "--model", "llama-kvmc", "--num-fewshot", "-2"], "--num-fewshot=-2: use a whole number of at least 0"),
     (["lm-eval", "--model", "llama-kvmc", "--n-reference", "0"], "--n-reference=0: use a whole number of at least 1"),
     (["lm-eval", "--model", "llama-kvmc", "--batch-size", "x"], "--batch-size='x': pass a whole number"),
+    # a missing task folder was "unknown lm-eval task(s): 'ga_mmlu_letter' (did you mean 'global_mmlu_pt_other'?)",
+    # a bad format was found after the model loaded
+    (["lm-eval", "--model", "llama-kvmc", "--include-path", "/nope"], "--include-path '/nope' is not a folder"),
+    (["lm-eval", "--model", "llama-kvmc", "--formats", "poem"], "--formats 'poem': use completion and/or chat"),
     # memory: state size 0 was read as "the head dimension"; --d-states alone, an empty --lengths and --keep on
     # models that are no Llama printed a table without what was asked
     (["memory", "--model", "llama-kvmc", "--keep", "2", "--d-states", "0"], "--d-states takes SSM state sizes >= 1"),

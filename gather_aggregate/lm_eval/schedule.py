@@ -184,7 +184,13 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     if not tasks:
         raise InputError("no --tasks given; e.g. --tasks ga_mmlu_letter,ga_kv,ga_knowledge (the model's own "
                          "vocabulary, written for it) or lm-eval names such as mmlu,arc_challenge")
+    formats = tuple(f for f in args.formats.split(",") if f)
+    if not formats or set(formats) - {"completion", "chat"}:  # was found only after the model loaded
+        raise InputError(f"--formats {args.formats!r}: use completion and/or chat, e.g. --formats completion,chat")
     include = args.include_path
+    if include is not None and not Path(include).expanduser().is_dir():  # was "unknown lm-eval task(s): 'ga_kv'..."
+        raise InputError(f"--include-path {include!r} is not a folder; pass the folder of your lm-eval task YAMLs, or "
+                         "leave it out (ga_* tasks are then written for the model into OUT/tasks)")
     if include is None and any(t.startswith("ga_") for t in tasks):
         from gather_aggregate.lm_eval.export import export_tasks
 
@@ -204,7 +210,6 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     ranking = lm.model.check_head_set(ranking) if ranking else []
     columns = settings(ranking, schedule, keep=parse_heads(args.keep, "keep"), prune=parse_layers(args.prune),
                        method=args.ablation, reference=args.reference, n_reference=args.n_reference, seed=args.seed)
-    formats = tuple(f for f in args.formats.split(",") if f)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     t0 = time.perf_counter()
     rows = run_table(lm, tasks, columns, include_path=include, formats=formats, limit=limit,
