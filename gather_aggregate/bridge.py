@@ -145,6 +145,9 @@ class BridgeModel(ProtocolMixin):
         refuse_unservable(config, archs)
         refuse_inexact(archs, config)
         refuse_non_decoder(config, archs)
+        from gather_aggregate.loading_checks import refuse_headless_module
+
+        refuse_headless_module(hf_model)  # AutoModel's LlamaModel, its config naming LlamaForCausalLM: an AttributeError
         arch = bridge_architecture(archs)
         if arch is None:
             raise UnsupportedModelError(unbridged_message(getattr(config, "model_type", "?"), archs))

@@ -347,7 +347,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     dtype = parse_dtype(dtype)
     from gather_aggregate.loading_checks import refuse_headless
 
-    refuse_headless(list(getattr(config, "architectures", None) or []), f"the checkpoint in {source!r} is ")
+    archs = list(getattr(config, "architectures", None) or [])
     tok = tokenizer if tokenizer is not None else load_tokenizer(source)
     model_type = getattr(config, "model_type", None)
 
@@ -355,6 +355,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         from gather_aggregate.adapters import load_ssm
         from gather_aggregate.loading_checks import refuse_quantized
 
+        refuse_headless(archs, f"the checkpoint in {source!r} is ")
         refuse_quantized(config, source)
         model = _weights(lambda: load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs),
                          source)
@@ -367,11 +368,11 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     from gather_aggregate.loading_checks import quantized_import_error, refuse_empty, refuse_missing
     from gather_aggregate.support import refuse_non_decoder, refuse_unservable, unbridged_message
 
-    archs = list(getattr(config, "architectures", None) or [])
     refuse_unservable(config, archs)
     refuse_non_decoder(config, archs)
     refuse_inexact(archs, config)
     refuse_empty(config, source)
+    refuse_headless(archs, f"the checkpoint in {source!r} is ")
     if bridge_architecture(archs) is None:
         raise UnsupportedModelError(unbridged_message(model_type, archs))
     from transformers import AutoModelForCausalLM
@@ -439,7 +440,9 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
     model_type = getattr(hf_model.config, "model_type", None)
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
+        from gather_aggregate.loading_checks import refuse_headless_module
 
+        refuse_headless_module(hf_model)  # AutoModel's Mamba2Model was "missing keys (21)"
         extra = {} if head_size is None else {"head_size": head_size}
         with outside_inference_mode():  # copies of inference tensors made here are normal ones (see load_model)
             model = load_ssm(hf_model, hf_model.config, **extra)

@@ -78,7 +78,7 @@ def no_config_message(path: Path) -> str:
             not any(p.name.endswith(_WEIGHT_SUFFIXES) for p in path.iterdir()):
         return f"{shown!r} holds only a tokenizer; the model's config.json and weights are missing: {_SAVE}"
     if path.is_dir() and not any(path.iterdir()):
-        return f"{shown!r} is empty; {_SAVE}"
+        return f"{shown!r} is empty (no config.json, no weights); {_SAVE}"
     return f"{shown!r} has no config.json; {_SAVE}"
 
 
@@ -153,10 +153,18 @@ def refuse_headless(archs: list[str], what: str) -> None:
             "saves it; AutoModel drops the head)")
 
 
+def refuse_headless_module(hf_model: Any) -> None:
+    """:func:`refuse_headless` for an in-memory model: an HF base model (what ``AutoModel.from_pretrained`` gives,
+    its config still naming the causal LM) has no output embeddings."""
+    heads = getattr(hf_model, "get_output_embeddings", None)
+    if callable(heads) and heads() is None:
+        name = type(hf_model).__name__
+        refuse_headless([name if name.endswith("Model") else name + "Model"], "from_hf_model got ")
+
+
 def unwrap_module(hf_model: Any) -> Any:
-    """The HF model inside ``torch.compile``'s ``OptimizedModule`` or (Distributed)DataParallel; a base model without
-    an LM head, and a model whose parameters are on the meta device (built under ``init_empty_weights`` /
-    ``device="meta"``), are refused."""
+    """The HF model inside ``torch.compile``'s ``OptimizedModule`` or (Distributed)DataParallel; a model whose
+    parameters are on the meta device (built under ``init_empty_weights`` / ``device="meta"``) is refused."""
     from gather_aggregate.errors import InputError
 
     for _ in range(3):
@@ -165,10 +173,6 @@ def unwrap_module(hf_model: Any) -> Any:
         if inner is None:
             break
         hf_model = inner
-    heads = getattr(hf_model, "get_output_embeddings", None)
-    if callable(heads) and heads() is None:  # an HF base model (what AutoModel.from_pretrained gives)
-        refuse_headless([type(hf_model).__name__ + ("" if type(hf_model).__name__.endswith("Model") else "Model")],
-                        "from_hf_model got ")
     if any(p.is_meta for p in hf_model.parameters()):
         raise InputError(f"the {type(hf_model).__name__} has parameters on the meta device (no values: built under "
                          "init_empty_weights or device='meta'); load its weights first, or pass its directory to "
