@@ -68,3 +68,12 @@ def test_memory_takes_the_comma_list_its_help_promises(tiny_llama_dir, capsys):
     rc, out, err = _run(["memory", "--model", f"{tiny_llama_dir},mamba2-ga", "--lengths", "16"], capsys)
     assert rc == 0, err
     assert str(tiny_llama_dir) in out and "mamba2-ga" in out
+
+
+@pytest.mark.slow  # lm-eval indexes its ~14k task names (about 25 s here)
+def test_lm_eval_names_an_unknown_task_before_the_model_loads(capsys, no_model_loads, tmp_path):
+    """Was checked only after the model loaded (minutes for a 7B model)."""
+    pytest.importorskip("lm_eval", reason="needs the lmeval extra")
+    rc, out, err = _run(["lm-eval", "--model", "llama-kvmc", "--tasks", "arc_easyy", "--out", str(tmp_path)], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "did you mean 'arc_easy'" in lines[0], err

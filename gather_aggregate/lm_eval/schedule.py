@@ -92,16 +92,10 @@ def primary_metric(result: dict[str, Any]) -> tuple[str, float]:
     return key, float(metrics[key])
 
 
-def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, Intervention]], *,
-              include_path: str | None = None, formats: tuple[str, ...] = ("completion",),
-              limit: int | float | None = None, num_fewshot: int | None = None) -> list[dict[str, Any]]:
-    """Evaluate ``tasks`` in every format under every setting; long rows with the relative change."""
-    import lm_eval
+def task_manager(tasks: list[str], include_path: str | None = None) -> Any:
+    """lm-eval's ``TaskManager``, after checking that it knows every one of ``tasks`` (a did-you-mean otherwise)."""
     from lm_eval.tasks import TaskManager
 
-    bad = [f for f in formats if f not in ("completion", "chat")]
-    if bad:
-        raise InputError(f"unknown format(s) {bad}; use completion and/or chat")
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     known = set(manager.all_tasks)
     unknown = [t for t in tasks if t not in known and not Path(t).exists()]
@@ -110,6 +104,21 @@ def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, In
         hints = "; ".join(f"{t!r}" + (f" (did you mean {near[t][0]!r}?)" if near[t] else "") for t in unknown)
         raise InputError(f"unknown lm-eval task(s): {hints}; `lm-eval ls tasks` lists them, and --include-path "
                          "adds a directory of task YAMLs")
+    return manager
+
+
+def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, Intervention]], *,
+              include_path: str | None = None, formats: tuple[str, ...] = ("completion",),
+              limit: int | float | None = None, num_fewshot: int | None = None,
+              manager: Any = None) -> list[dict[str, Any]]:
+    """Evaluate ``tasks`` in every format under every setting; long rows with the relative change.
+    ``manager``: a :func:`task_manager` of ``tasks`` already checked (else one is made here)."""
+    import lm_eval
+
+    bad = [f for f in formats if f not in ("completion", "chat")]
+    if bad:
+        raise InputError(f"unknown format(s) {bad}; use completion and/or chat")
+    manager = manager or task_manager(tasks, include_path)
     rows: list[dict[str, Any]] = []
     for label, k, intervention in columns:
         model = lm.with_intervention(intervention)
@@ -205,6 +214,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
         schedule = [int(x) for x in parts]
     else:
         schedule = [0, 10, 20, 30] if args.ranking else [0, len(ranking)]
+    manager = task_manager(tasks, include)  # an unknown task name is refused before the model loads
     lm = GatherAggregateLM(pretrained=model_dir, device=args.device, batch_size=args.batch_size,
                            chat_template=args.chat_template)
     ranking = lm.model.check_head_set(ranking) if ranking else []
@@ -213,7 +223,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     t0 = time.perf_counter()
     rows = run_table(lm, tasks, columns, include_path=include, formats=formats, limit=limit,
-                     num_fewshot=args.num_fewshot)
+                     num_fewshot=args.num_fewshot, manager=manager)
     meta = {"model": args.model, "tasks": tasks, "formats": list(formats), "ablation": args.ablation,
             "reference": args.reference if args.ablation != "zero" else None, "limit": limit,
             "ranking": format_heads(ranking), "include_path": include,
