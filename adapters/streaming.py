@@ -350,9 +350,14 @@ class Checkpoint(Mapping[str, StoredTensor]):
 
 
 def weight_files(directory: Path) -> tuple[list[Path], dict[str, Any]]:
-    """The weight files of a directory (an index's shards first) and the index's ``metadata``."""
+    """The weight files of a directory (an index's shards) and the index's ``metadata``, in HF's order of
+    preference: ``model.safetensors``, its index, ``pytorch_model.bin``, its index.  (Indexes first read a stale
+    ``model.safetensors.index.json``, which ``save_pretrained`` leaves when a sharded model is re-saved whole: its
+    missing shards were refused, or, still present, silently loaded instead of the newer file HF loads.)"""
     d = directory
-    for index in _INDEXES:
+    for single, index in zip(_SINGLES, _INDEXES):
+        if (d / single).is_file():
+            return [d / single], {}
         if (d / index).is_file():
             try:
                 data = json.loads((d / index).read_text())
@@ -365,9 +370,6 @@ def weight_files(directory: Path) -> tuple[list[Path], dict[str, Any]]:
                 raise ModelLoadError(f"checkpoint shard(s) {', '.join(repr(str(d / s)) for s in missing)} listed in "
                                      f"{index} are missing; download them again")
             return [d / s for s in shards], dict(data.get("metadata") or {})
-    for single in _SINGLES:
-        if (d / single).is_file():
-            return [d / single], {}
     foreign = [f for f in _FOREIGN if (d / f).is_file()]
     hint = (f" (found {', '.join(foreign)}: TF/Flax/GGUF/consolidated weights are not read; convert them to "
             "PyTorch with transformers and save_pretrained)" if foreign else "")

@@ -113,6 +113,30 @@ def test_checkpoint_forms_load_exactly_and_run_the_everyday_workflow(tmp_path, t
     assert count_hooks(model) == hooks and param_checksum(model) == before
 
 
+@pytest.mark.parametrize("family", ["llama", "mamba2", "bamba"])
+def test_a_sharded_checkpoint_saved_again_whole_loads_the_newer_weights_as_hf_does(tmp_path, tok, family):
+    """save_pretrained leaves the old model.safetensors.index.json when a sharded model is re-saved whole (HF loads
+    model.safetensors first).  Was: "checkpoint shard(s) ... are missing" (every family); and with the old shards
+    still there, an SSM or hybrid silently loaded the old weights (logits 2.8 off HF's)."""
+    old, new = _hf(family, len(tok)), _hf(family, len(tok))
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    old.save_pretrained(tmp_path / "again", max_shard_size="20KB")
+    new.save_pretrained(tmp_path / "again")  # removes the old shards, keeps the index
+    shutil.copytree(tmp_path / "again", tmp_path / "kept")
+    old.save_pretrained(tmp_path / "shards", max_shard_size="20KB")
+    for shard in (tmp_path / "shards").glob("model-*.safetensors"):  # the old shards still beside the new file
+        shutil.copy(shard, tmp_path / "kept")
+    tokens = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    for d in (tmp_path / "again", tmp_path / "kept"):
+        assert (d / "model.safetensors.index.json").is_file() and (d / "model.safetensors").is_file()
+        with torch.no_grad():
+            want = type(new).from_pretrained(d).eval()(tokens).logits
+            assert (load_model(d, tokenizer=False)(tokens) - want).abs().max() <= TOL
+            assert (want - new(tokens).logits).abs().max() <= TOL  # HF loads the newer weights
+
+
 @pytest.mark.parametrize("family", ["llama", "mamba", "bamba"])
 def test_a_config_with_dtype_and_torch_dtype_disagreeing_loads_as_hf_does(tmp_path, tok, family):
     hf = _hf(family, len(tok))
