@@ -194,5 +194,5 @@ def load_ssm(path_or_hf_model: Any, config: Any = None, *, device: Any = None, d
 
         config = AutoConfig.from_pretrained(str(directory))
     cfg = config_from_hf(config, head_size=head_size)
-    sd = read_state_dict(directory)
+    sd = read_state_dict(directory).add_base_prefix("backbone")
     return build_model(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)

@@ -148,7 +148,7 @@ def load_hybrid(path_or_hf_model: Any, config: Any = None, *, device: Any = None
 
         config = AutoConfig.from_pretrained(str(directory))
     cfg = hybrid_config_from_hf(config)  # an unsupported layout is named before any weights are read
-    sd = read_state_dict(directory)
+    sd = read_state_dict(directory).add_base_prefix("model")
     model = build_hybrid(cfg, sd, device=device, dtype=resolve_dtype(dtype, config, sd), **where)
     return _with_positions(model, config)
 

@@ -344,6 +344,16 @@ class Checkpoint(Mapping[str, StoredTensor]):
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: r.shape for k, r in self._refs.items()}
 
+    def add_base_prefix(self, prefix: str) -> Checkpoint:
+        """HF's rule for a checkpoint saved from the base model (``Mamba2Model``: ``layers.0...``, no ``backbone.``):
+        its keys get the causal LM's ``prefix`` (the head, ``lm_head.*``, keeps its name).  Was: every key
+        "missing" where HF loads the model.  A checkpoint with any key under ``prefix`` is left as it is."""
+        dot = prefix + "."
+        if any(k.startswith(dot) for k in self._refs) or not any(k.startswith("layers.") for k in self._refs):
+            return self
+        self._refs = {(k if k.startswith("lm_head.") else dot + k): r for k, r in self._refs.items()}
+        return self
+
     def float_dtype(self) -> torch.dtype | None:
         """The dtype of the first floating tensor (HF's fallback for ``dtype="auto"``)."""
         return next((r.dtype for r in self._refs.values() if r.dtype.is_floating_point), None)

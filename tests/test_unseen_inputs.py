@@ -137,6 +137,24 @@ def test_a_sharded_checkpoint_saved_again_whole_loads_the_newer_weights_as_hf_do
             assert (want - new(tokens).logits).abs().max() <= TOL  # HF loads the newer weights
 
 
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "bamba"])
+def test_weights_saved_from_the_base_model_load_as_hf_loads_them(tmp_path, tok, family):
+    """A causal LM's config with the base model's weights (keys ``layers.0...``, no ``backbone.``/``model.``; tied
+    embeddings): HF adds the prefix.  Was "missing keys (20)" for every SSM and hybrid."""
+    from safetensors.torch import save_file
+
+    hf = _hf(family, len(tok), tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path)
+    dot = hf.base_model_prefix + "."
+    save_file({k.removeprefix(dot): v for k, v in load_file(tmp_path / "model.safetensors").items()},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    tokens = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    with torch.no_grad():
+        want = type(hf).from_pretrained(tmp_path).eval()(tokens).logits
+        assert (want - hf(tokens).logits).abs().max() <= TOL
+        assert (load_model(tmp_path, tokenizer=False)(tokens) - want).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("family", ["llama", "mamba", "bamba"])
 def test_a_config_with_dtype_and_torch_dtype_disagreeing_loads_as_hf_does(tmp_path, tok, family):
     hf = _hf(family, len(tok))
