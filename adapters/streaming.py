@@ -364,10 +364,12 @@ def weight_files(directory: Path) -> tuple[list[Path], dict[str, Any]]:
     preference: ``model.safetensors``, its index, ``pytorch_model.bin``, its index.  (Indexes first read a stale
     ``model.safetensors.index.json``, which ``save_pretrained`` leaves when a sharded model is re-saved whole: its
     missing shards were refused, or, still present, silently loaded instead of the newer file HF loads.)"""
+    from gather_aggregate.loading_checks import refuse_lfs_pointers
+
     d = directory
     for single, index in zip(_SINGLES, _INDEXES):
         if (d / single).is_file():
-            return [d / single], {}
+            return refuse_lfs_pointers([d / single]), {}
         if (d / index).is_file():
             try:
                 data = json.loads((d / index).read_text())
@@ -379,7 +381,7 @@ def weight_files(directory: Path) -> tuple[list[Path], dict[str, Any]]:
             if missing:
                 raise ModelLoadError(f"checkpoint shard(s) {', '.join(repr(str(d / s)) for s in missing)} listed in "
                                      f"{index} are missing; download them again")
-            return [d / s for s in shards], dict(data.get("metadata") or {})
+            return refuse_lfs_pointers([d / s for s in shards]), dict(data.get("metadata") or {})
     foreign = [f for f in _FOREIGN if (d / f).is_file()]
     hint = (f" (found {', '.join(foreign)}: TF/Flax/GGUF/consolidated weights are not read; convert them to "
             "PyTorch with transformers and save_pretrained)" if foreign else "")

@@ -194,6 +194,10 @@ def load_tokenizer(source: str) -> Any:
             tok = PreTrainedTokenizerFast.from_pretrained(source)
         return tok
     except Exception as exc:  # noqa: BLE001
+        from gather_aggregate.loading_checks import refuse_lfs_pointers
+
+        refuse_lfs_pointers([Path(source) / f for f in _TOKENIZER_FILES if (Path(source) / f).is_file()],
+                            TokenizerMissingError)  # was "Expecting value: line 1 column 1 (char 0)"
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # transformers' messages run to many lines
         raise TokenizerMissingError(f"could not load the tokenizer of {source!r} ({why}); pass tokenizer= a tokenizer "
                                     "object or a directory saved with tokenizer.save_pretrained(dir)") from None

@@ -178,3 +178,15 @@ def unwrap_module(hf_model: Any) -> Any:
                          "init_empty_weights or device='meta'); load its weights first, or pass its directory to "
                          "load_model")
     return hf_model
+
+
+def refuse_lfs_pointers(files: list[Path], error: type[Exception] = CheckpointError) -> list[Path]:
+    """``files``, unless one is a Git LFS pointer (a repository cloned without ``git lfs``: each weight file is a
+    ~130-byte text stub).  Was "damaged or truncated" (or torch's advice to retry with ``weights_only=False``)."""
+    for f in files:
+        with open(f, "rb") as fh:
+            if fh.read(40).startswith(b"version https://git-lfs"):
+                raise error(f"{str(f)!r} is a Git LFS pointer, not the file itself (the repository was cloned "
+                            "without its LFS files): run `git lfs pull` in it, or download the model with "
+                            "`hf download ORG/NAME --local-dir DIR`")
+    return files

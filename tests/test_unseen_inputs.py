@@ -431,3 +431,25 @@ def test_base_models_without_an_lm_head_and_meta_models_are_named(tmp_path, tok,
         meta = _hf("mamba", len(tok))
     with pytest.raises(InputError, match="parameters on the meta device"):
         from_hf_model(meta)
+
+
+def test_git_lfs_pointers_in_place_of_weights_or_tokenizer_say_git_lfs_pull(tmp_path, tok):
+    """A repository cloned without git-lfs holds ~130-byte text stubs: they were "damaged or truncated", torch's advice
+    to retry with weights_only=False (a .bin), or "Expecting value: line 1 column 1" (tokenizer.json)."""
+    from gather_aggregate.errors import TokenizerMissingError
+
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 12345\n"
+    for family in ("llama", "mamba2"):
+        for form, stub in (("single", "model.safetensors"), ("bin", "pytorch_model.bin"), ("shard", "model-00001-*")):
+            d = tmp_path / f"{family}-{form}"
+            _hf(family, len(tok)).save_pretrained(d, **({"max_shard_size": "20KB"} if form == "shard" else {}))
+            if form == "bin":
+                (d / "model.safetensors").rename(d / stub)
+            next(d.glob(stub)).write_text(pointer)
+            with pytest.raises(CheckpointError, match="is a Git LFS pointer, not the file itself .*git lfs pull") as err:
+                load_model(d, tokenizer=False)
+            _one_line(err.value)
+    tok.save_pretrained(tmp_path / "llama-single")
+    (tmp_path / "llama-single" / "tokenizer.json").write_text(pointer)
+    with pytest.raises(TokenizerMissingError, match="tokenizer.json' is a Git LFS pointer"):
+        load_model(tmp_path / "llama-single")
