@@ -175,3 +175,18 @@ def test_ablation_sweep_shard_size(llama_model, shard_size, needle):
     with pytest.raises(InputError, match=needle):
         ablation_sweep(llama_model, torch.tensor([[1, 5, 9]]), lambda lg: lg[:, -1, 3].mean(), [[(0, 1)]],
                        shard_size=shard_size)
+
+
+def test_lm_eval_model_takes_a_hooked_model(llama_teacher):
+    """An HF model or a directory string as model= was an AttributeError ('... has no attribute tokenizer'); neither
+    model nor pretrained said "not both"."""
+    pytest.importorskip("lm_eval", reason="needs the lmeval extra")
+    from gather_aggregate.lm_eval.model import GatherAggregateLM
+
+    for model, needle in ((llama_teacher, "model= takes a hooked model .*from_hf_model.*got LlamaForCausalLM"),
+                          ("llama-kvmc", "got str; for a directory or zoo name pass pretrained=")):
+        with pytest.raises(InputError, match=needle) as err:
+            GatherAggregateLM(model=model)
+        _one_line(err.value)
+    with pytest.raises(InputError, match="or model=<hooked model>$"):
+        GatherAggregateLM()

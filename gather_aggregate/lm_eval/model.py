@@ -88,7 +88,12 @@ class GatherAggregateLM(TemplateLM):
                              "prune, method, reference, n_reference, seed, batch_size, device, dtype, max_length, "
                              "max_gen_toks, chat_template, head_size (SSMs)")
         if (pretrained is None) == (model is None):
-            raise InputError("pass pretrained=DIR (a model directory or zoo name) or model=<hooked model>, not both")
+            raise InputError("pass pretrained=DIR (a model directory or zoo name) or model=<hooked model>"
+                             + (", not both" if model is not None else ""))  # neither was "..., not both" too
+        if model is not None and not (hasattr(model, "all_heads") and hasattr(model, "hooks")):  # was AttributeError
+            raise InputError(f"model= takes a hooked model (load_model(dir), or from_hf_model(hf_model, tokenizer) for "
+                             f"an HF model in memory), got {type(model).__name__}"
+                             + ("; for a directory or zoo name pass pretrained=" if isinstance(model, str) else ""))
         if pretrained is not None and not str(pretrained).strip():  # was "'.' has no config.json"
             raise InputError("pretrained= is empty; pass pretrained=DIR (a model directory or zoo name)")
         # every number is checked before the model loads (each was int()'s ValueError, or a float truncated)
