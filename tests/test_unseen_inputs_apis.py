@@ -190,3 +190,26 @@ def test_lm_eval_model_takes_a_hooked_model(llama_teacher):
         _one_line(err.value)
     with pytest.raises(InputError, match="or model=<hooked model>$"):
         GatherAggregateLM()
+
+
+def test_a_saved_hybrid_with_a_damaged_config_names_the_file(llama_teacher, tmp_path):
+    """A hand-edited hybrid config.json: a missing field was KeyError 'kept', a size as text torch's TypeError."""
+    import json
+    import shutil
+
+    from gather_aggregate import load_model
+    from gather_aggregate.hybridise import hybridise
+
+    hybridise(llama_teacher, [(0, 1)]).save_pretrained(tmp_path / "h")
+    raw = json.loads((tmp_path / "h" / "config.json").read_text())
+    for name, edit, needle in (("nokept", lambda c: c.pop("kept"), "missing fields \\['kept'\\]"),
+                               ("text", lambda c: c.update(d_model="64"), "must be whole numbers: \\{'d_model': '64'\\}"),
+                               ("oob", lambda c: c.update(kept=[[9], []]), "kept heads \\[9\\] of layer 0 out of range")):
+        shutil.copytree(tmp_path / "h", tmp_path / name)
+        cfg = dict(raw)
+        edit(cfg)
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ModelLoadError, match=f"config.json' is not a valid ga_head_hybrid config \\(.*{needle}") \
+                as err:
+            load_model(tmp_path / name, tokenizer=False)
+        _one_line(err.value)

@@ -14,7 +14,7 @@ Saved as ``config.json`` with ``model_type = "ga_head_hybrid"``;
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from gather_aggregate.errors import InputError, UnsupportedModelError
@@ -105,6 +105,14 @@ class HeadHybridConfig:
         if raw.get("model_type") != MODEL_TYPE:
             raise UnsupportedModelError(f"not a {MODEL_TYPE} config (model_type {raw.get('model_type')!r})")
         names = {f.name for f in fields(cls)}
+        absent = [f.name for f in fields(cls) if f.name not in raw and f.default is MISSING
+                  and f.default_factory is MISSING]
+        sizes = ("d_model", "n_layers", "d_vocab", "n_heads", "n_kv_heads", "d_head", "d_mlp", "d_state", "d_conv")
+        wrong = [k for k in sizes if k in raw and (isinstance(raw[k], bool) or not isinstance(raw[k], int))]
+        if absent or wrong:  # were KeyError / torch's TypeError deep in the model's constructor
+            raise InputError(f"{'missing fields ' + str(absent) if absent else ''}"
+                             f"{'; ' if absent and wrong else ''}"
+                             f"{'fields that must be whole numbers: ' + str({k: raw[k] for k in wrong}) if wrong else ''}")
         kw = {k: v for k, v in raw.items() if k in names}
         kw["kept"] = tuple(tuple(hs) for hs in raw["kept"])
         return cls(**kw)

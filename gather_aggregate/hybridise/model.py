@@ -209,7 +209,12 @@ def load_head_hybrid(directory: str | os.PathLike[str], *, device: Any = None, d
     d = Path(directory).expanduser()
     if not is_head_hybrid_dir(d):
         raise ModelLoadError(f"{str(d)!r} holds no {MODEL_TYPE} model (config.json with model_type {MODEL_TYPE!r})")
-    cfg = HeadHybridConfig.from_dict(json.loads((d / "config.json").read_text()))
+    try:
+        cfg = HeadHybridConfig.from_dict(json.loads((d / "config.json").read_text()))
+    except (ValueError, TypeError, KeyError) as exc:  # a damaged or hand-edited config.json (InputError included)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{str(d / 'config.json')!r} is not a valid {MODEL_TYPE} config ({why}); re-save the "
+                             "hybrid with model.save_pretrained(dir)") from None
     model = HookedHeadHybrid(cfg)
     if not (d / WEIGHTS).is_file():
         raise CheckpointError(f"{str(d)!r} has no {WEIGHTS}; save the model with model.save_pretrained(dir)")
