@@ -348,12 +348,12 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         return model
     config, source = _resolve_config(name_or_path)
     dtype = parse_dtype(dtype)
-    tok = tokenizer if tokenizer is not None else load_tokenizer(source)
     model_type = getattr(config, "model_type", None)
 
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
 
+        tok = tokenizer if tokenizer is not None else load_tokenizer(source)
         model = _weights(lambda: load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs),
                          source)
         model.tokenizer = tok
@@ -371,6 +371,8 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     _refuse_empty(config, source)
     if bridge_architecture(archs) is None:
         raise UnsupportedModelError(unbridged_message(model_type, archs))
+    # after the refusals: a model that cannot load is refused as such, not first sent to find a tokenizer
+    tok = tokenizer if tokenizer is not None else load_tokenizer(source)
     from transformers import AutoModelForCausalLM
 
     if device is not None and device_map is not None:
