@@ -352,7 +352,6 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     from gather_aggregate.loading_checks import refuse_headless
 
     archs = list(getattr(config, "architectures", None) or [])
-    tok = tokenizer if tokenizer is not None else load_tokenizer(source)
     model_type = getattr(config, "model_type", None)
 
     if model_type in ssm_model_types():
@@ -361,6 +360,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 
         refuse_headless(archs, f"the checkpoint in {source!r} is ")
         refuse_quantized(config, source)
+        tok = tokenizer if tokenizer is not None else load_tokenizer(source)
         model = _weights(lambda: load_ssm(source, config, device=device, dtype=dtype, device_map=device_map, **kwargs),
                          source)
         model.tokenizer = tok
@@ -379,6 +379,8 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     refuse_headless(archs, f"the checkpoint in {source!r} is ")
     if bridge_architecture(archs) is None:
         raise UnsupportedModelError(unbridged_message(model_type, archs))
+    # after the refusals: a model that cannot load is refused as such, not first sent to find a tokenizer
+    tok = tokenizer if tokenizer is not None else load_tokenizer(source)
     from transformers import AutoModelForCausalLM
 
     if device is not None and device_map is not None:

@@ -409,6 +409,9 @@ class ProtocolMixin:
             what = "an SSM layer" if info.kind == "ssm" else f"a layer whose heads {ssm_heads} are SSM heads"
             raise InputError(f"layer {info.index} is {what} and has no softmax pattern there; use kind='implied' "
                              "(or the default 'auto') for the SSM-implied attention")
+        if "head_size" in kwargs:  # was a TypeError ("multiple values for keyword argument") on Mamba-1
+            raise InputError("pattern() takes no head_size: a Mamba-1 model's channel groups are fixed when it is "
+                             "loaded (load_model(path, head_size=N)); reduce= picks how a head's channels combine")
         if kwargs and not ssm_heads:
             raise InputError(f"options {sorted(kwargs)} apply only to SSM layers and heads; the heads asked of layer "
                              f"{info.index} are attention heads")

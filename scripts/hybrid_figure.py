@@ -8,16 +8,21 @@ headless Chromium (``gather_aggregate.viz.static.to_png``) from ``gather_aggrega
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="draw the shipped hybrid sweep's KV against the heads kept (PNG)")
+    parser.add_argument("out", nargs="?", type=Path, default=Path("docs/img/hybrid_kv_vs_k.png"),
+                        help="the PNG to write (default: %(default)s)")
+    out = parser.parse_args(argv).out  # `--help` printed usage; before, it wrote the PNG to a file named --help
+
     from gather_aggregate.hybridise.shipped import shipped_sweep
     from gather_aggregate.viz.hybrids import hybrid_kv_curve
     from gather_aggregate.viz.static import to_png
 
-    out = Path(argv[0] if argv else "docs/img/hybrid_kv_vs_k.png")
     sweep = shipped_sweep()
     fig = hybrid_kv_curve(sweep, chance=1 / 12)  # the zoo's KV prompts hold 12 pairs
     fig.update_layout(width=900, height=480)

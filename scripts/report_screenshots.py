@@ -90,10 +90,18 @@ def screenshots(page, outdir: Path, model: str) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="check every figure of a report in headless Chromium and save "
+                                                 "its screenshots at 1400 px")
+    parser.add_argument("report", type=Path, help="the report.html to open")
+    parser.add_argument("outdir", type=Path, help="where the PNGs go (docs/img for the docs)")
+    parser.add_argument("model", nargs="?", default="llama-kvmc", help="the model whose circuit is shot")
+    args = parser.parse_args(argv)  # `--help` was an IndexError
+    report, outdir, model = args.report, args.outdir, args.model
+
     from playwright.sync_api import sync_playwright
 
-    report, outdir = Path(argv[0]), Path(argv[1])
-    model = argv[2] if len(argv) > 2 else "llama-kvmc"
     with sync_playwright() as pw:
         browser, page, errors = open_report(pw, report)
         try:

@@ -247,3 +247,27 @@ def test_module_paths_in_the_docs_resolve():
             for ref in re.findall(r"\bgather_aggregate(?:\.\w+)+", span)}
     missing = sorted(f"{name}: {ref}" for name, ref in refs if not _module_path_resolves(ref))
     assert len(refs) > 30 and not missing, f"the docs name modules or attributes that do not exist: {missing}"
+
+
+def test_commands_the_docs_name_answer_help(tmp_path):
+    """Every `python -m gather_aggregate.X` and `scripts/X.py` in the docs prints its usage on `--help` and writes
+    nothing: `hybridise.shipped --help` was a traceback, `scripts/hybrid_figure.py --help` wrote a PNG named
+    '--help', `scripts/report_screenshots.py --help` an IndexError."""
+    import subprocess
+    import sys
+
+    text = "\n".join(p.read_text() for p in DOCS)
+    modules = sorted(set(re.findall(r"python3? -m (gather_aggregate(?:\.\w+)*)", text)))
+    scripts = sorted(set(re.findall(r"\b(scripts/\w+\.py)\b", text)))
+    assert len(modules) >= 5 and len(scripts) >= 2, (modules, scripts)
+    cmds = [["-m", m] for m in modules] + [[str(REPO / s)] for s in scripts]
+    runs = [subprocess.Popen([sys.executable, *cmd, "--help"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            for cmd in cmds]  # side by side: most of the time is each one's torch import
+    failed = []
+    for cmd, run in zip(cmds, runs):
+        out, err = run.communicate(timeout=300)
+        if run.returncode != 0 or "usage" not in out.lower():
+            failed.append(f"{' '.join(cmd)} --help: exit {run.returncode}, {err.strip()[-200:]!r}")
+    written = [p.name for p in tmp_path.iterdir()]
+    assert not failed and not written, "\n".join([*failed, f"--help wrote {written}"])

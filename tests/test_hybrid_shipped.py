@@ -73,6 +73,28 @@ def test_sweep_from_dir_keeps_the_rows_and_reads_the_geometry(tmp_path):
     assert sweep["rows"] == SYNTH["rows"]  # bookkeeping (final_loss) dropped, everything measured kept
 
 
+def test_the_sweep_writer_and_the_figure_script_answer_help_and_a_wrong_directory(tmp_path, capsys):
+    """docs/hybrids.md names both commands. `--help` was a NotADirectoryError traceback for the writer and, for the
+    figure script, a PNG written to a file named '--help'; a directory without results.json was a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gather_aggregate.hybridise.shipped import main
+
+    before = SWEEP_FILE.read_bytes()
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and "sweep_dir" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main([str(tmp_path)])
+    assert done.value.code == 2 and "no results.json in" in capsys.readouterr().err
+    assert SWEEP_FILE.read_bytes() == before  # the shipped file is untouched
+    script = Path(__file__).resolve().parents[1] / "scripts" / "hybrid_figure.py"
+    run = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and "usage" in run.stdout and list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def hybrid():
     from gather_aggregate import load_model

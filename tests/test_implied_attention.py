@@ -216,6 +216,9 @@ def test_pattern_bad_requests():
     with pytest.raises(InputError, match="option 'bogus' is not one layer 0's SSM takes.*dt_scaling") as err:
         m2.pattern(t, 0, bogus=1)  # was a TypeError from deep inside the Mamba-2 implied attention
     assert "\n" not in str(err.value)
+    for model in (m, m2):  # docs/api_ssm.md: the grouping is fixed at load time; was a TypeError on Mamba-1
+        with pytest.raises(InputError, match=r"no head_size.*load_model\(path, head_size=N\)"):
+            model.pattern(t, 0, head_size=8)
 
 
 @pytest.mark.parametrize("rows,needle", [

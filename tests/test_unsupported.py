@@ -116,6 +116,20 @@ def test_what_is_no_bridged_decoder_is_refused_in_one_line_before_its_weights(ki
         assert "gemma3_text" in msg  # names the language model's own type
 
 
+@pytest.mark.parametrize("kind", ["helium", "t5", "rwkv"])
+def test_a_refused_model_is_refused_before_its_tokenizer_is_looked_for(kind, tmp_path):
+    """docs/api.md: refused in one UnsupportedModelError line. A directory with no tokenizer files was first told
+    to save a tokenizer there (TokenizerMissingError), and refused only once one was added."""
+    from gather_aggregate import load_model
+
+    if kind == "rwkv":
+        _tiny(kind).save_pretrained(tmp_path)
+    else:
+        _refused_config(kind).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match=REFUSALS.get(kind, "RWKV")):
+        load_model(tmp_path)
+
+
 @pytest.mark.parametrize("kind", ["helium", "t5", "bert"])
 def test_in_memory_models_get_the_same_refusal(kind):
     import transformers as t

@@ -127,14 +127,22 @@ def sweep_from_dir(sweep_dir: Path, teacher: str = "llama-kvmc", *, eval_n: int 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
     from gather_aggregate.io import atomic_write_json
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        raise InputError("usage: python -m gather_aggregate.hybridise.shipped SWEEP_DIR (an experiment's --out)")
+    parser = argparse.ArgumentParser(
+        prog="python -m gather_aggregate.hybridise.shipped",
+        description=f"write the sweep shipped with the zoo ({SWEEP_FILE}) from a sweep directory")
+    parser.add_argument("sweep_dir", type=Path,
+                        help="the --out of python -m gather_aggregate.hybridise.experiment (holds results.json)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if not (args.sweep_dir / "results.json").is_file():  # was a NotADirectoryError / FileNotFoundError traceback
+        parser.error(f"no results.json in {args.sweep_dir}; pass the --out directory of "
+                     "python -m gather_aggregate.hybridise.experiment")
     command = ("OMP_NUM_THREADS=1 python -m gather_aggregate.hybridise.experiment --teacher llama-kvmc --ks K "
                "--strategies S --seeds SEED --steps 60,60,120 --batch-size 8 --eval-n 64 --out runs/hybrid")
-    atomic_write_json(SWEEP_FILE, sweep_from_dir(Path(args[0]), command=command))
+    atomic_write_json(SWEEP_FILE, sweep_from_dir(args.sweep_dir, command=command))
     print(f"wrote {SWEEP_FILE}")
     return 0
 
