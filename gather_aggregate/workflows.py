@@ -120,6 +120,9 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.mode != "exact" and (getattr(args, "ray", None) is not None or args.resume):  # were ignored silently
         raise InputError(f"--{'ray' if getattr(args, 'ray', None) is not None else 'resume'} applies to the exact "
                          f"scan only; --mode {args.mode} is one pass of gradients: leave it out, or use --mode exact")
+    if getattr(args, "exact_prompts", 0) and not args.mode.endswith("-softmax"):
+        raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode "
+                         f"atp-softmax or atp*-softmax, not --mode {args.mode}")
     out, model, examples = _start(args, "scan")
     tokens, metric = task_metric(model, examples)
     reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts
@@ -132,7 +135,7 @@ def run_scan(args: argparse.Namespace) -> int:
                             num_workers=getattr(args, "workers", 2), progress=_progress(args))
     else:
         result = attribution_scan(model, tokens, metric, method=args.ablation, reference=reference,
-                                  estimator=args.mode)
+                                  estimator=args.mode, exact_prompts=getattr(args, "exact_prompts", 0))
     result.meta.update(model_name=args.model, task_name=args.task)
     result.save(out / "scan.json")
     print(f"{args.mode} scan of {len(result.rows)} heads on {args.task} in {time.perf_counter() - t0:.1f} s "

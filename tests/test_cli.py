@@ -236,3 +236,20 @@ def test_eval_ablate_pattern_write_csv_twins_and_pattern_says_which_prompt(resul
                  "--out", out]) == 0
     assert "pattern of prompt 2 of 3 (kv, seed 0" in capsys.readouterr().out
     assert main(["pattern", "--model", str(tiny_llama_dir), "--n", "3", "--prompt", "3", "--out", out]) == 2
+
+
+def test_scan_with_a_prompt_coreset(tiny_llama_dir, tmp_path, capsys):
+    """--exact-prompts K: the estimate corrected by K exact prompts (recorded in the table); K = n gives the exact
+    scan's scores; with a mode that has no per-prompt estimates it is one line naming the modes that do."""
+    common = ["--model", str(tiny_llama_dir), "--task", "kv", "--n", "3", "--dict-size", "4", "--seed", "1"]
+    assert main(["scan", *common, "--out", str(tmp_path / "exact")]) == 0
+    assert main(["scan", *common, "--mode", "atp-softmax", "--exact-prompts", "3", "--out", str(tmp_path / "c")]) == 0
+    rows = json.loads((tmp_path / "exact" / "scan.json").read_text())["rows"]
+    exact = {(r["layer"], r["head"]): r["score"] for r in rows}
+    data = json.loads((tmp_path / "c" / "scan.json").read_text())
+    assert sorted(data["meta"]["exact_prompts"]) == [0, 1, 2]
+    for r in data["rows"]:
+        assert r["score"] == pytest.approx(exact[(r["layer"], r["head"])], abs=1e-5)
+    assert main(["scan", *common, "--mode", "atp", "--exact-prompts", "2", "--out", str(tmp_path / "bad")]) == 2
+    assert "use it with --mode atp-softmax or atp*-softmax" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
