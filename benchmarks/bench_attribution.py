@@ -54,6 +54,14 @@ def fixture_dirs() -> list:
     return sorted(p for p in (Path(FIXTURES) / "models").glob("*") if (p / "model.safetensors").is_file())
 
 
+def zoo_and_fixtures(names: list[str] | None = None) -> list[tuple]:
+    """``(name, path, is_fixture)`` of every zoo model and detector fixture, or of those named in ``names``."""
+    from gather_aggregate.zoo import list_zoo
+
+    targets = [(m, None, False) for m in list_zoo()] + [(d.name, d, True) for d in fixture_dirs()]
+    return targets if names is None else [t for t in targets if t[0] in names]
+
+
 def fixture_setup(path, n: int, kind: str):
     """``(model, task, tokens, metric)`` for a fixture: its own task, as ``tests/test_detect_fixtures.py`` builds it
     (``tests/fixtures/fixture_tasks.py``)."""

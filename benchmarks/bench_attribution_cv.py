@@ -92,9 +92,7 @@ def bench(name: str, path, fixture: bool, n: int, ks: list[int]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from bench_attribution import fixture_dirs
-
-    from gather_aggregate.zoo import list_zoo
+    from bench_attribution import zoo_and_fixtures
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=None, help="zoo or fixture names (default: all of both)")
@@ -102,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=32, help="prompts")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    targets = [(m, None, False) for m in list_zoo()] + [(d.name, d, True) for d in fixture_dirs()]
-    if args.models is not None:
-        targets = [t for t in targets if t[0] in args.models]
+    targets = zoo_and_fixtures(args.models)
     print("| model | heads | k | " + " | ".join(f"{lab}: ρ / top-5 / resolved / time÷exact" for lab in
                                                ("exact on k", "AtP + cv", "AtP-softmax + cv")) + " |")
     print("|---|---|---|---|---|---|")
