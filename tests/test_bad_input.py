@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 import torch
+from error_checks import one_line as _one_line
 
 from gather_aggregate import load_model
 from gather_aggregate.errors import (
@@ -27,12 +28,6 @@ from gather_aggregate.interventions import resample_index
 from gather_aggregate.patching import patch_heads
 from gather_aggregate.scan import atp_scan, exact_scan, naive_scan
 from gather_aggregate.zoo import list_zoo
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text.strip(), text
-    return text
 
 
 # ---- files and names ---------------------------------------------------------------------

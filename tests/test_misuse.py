@@ -10,15 +10,10 @@ import json
 
 import pytest
 import torch
+from error_checks import one_line as _one_line
 
 from gather_aggregate.errors import GAError, InputError, ResumeMismatchError
 from gather_aggregate.session import count_hooks, param_checksum
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text.strip(), text
-    return text
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from error_checks import one_line as _one_line
 
 from gather_aggregate.errors import InputError, TaskError
 from gather_aggregate.session import count_hooks, param_checksum
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text.strip(), text
-    return text
-
 
 PROMPT = "Keys:\napple:12\nriver:7\n\nThe value of the key 'river' is"  # segments [5, 14) and [14, 22)
 

@@ -14,6 +14,7 @@ import shutil
 
 import pytest
 import torch
+from error_checks import one_line as _one_line
 from safetensors.torch import load_file
 
 from gather_aggregate import load_model
@@ -26,12 +27,6 @@ from gather_aggregate.errors import (
 )
 
 TOL = 1e-4
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text.strip(), text
-    return text
 
 
 @pytest.fixture(scope="module")

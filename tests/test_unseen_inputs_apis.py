@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from error_checks import one_line as _one_line
 
 from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
 
 TOL = 1e-4
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text.strip(), text
-    return text
 
 
 # ---- hybridise ------------------------------------------------------------------------------------------------------
