@@ -100,36 +100,12 @@ def calibrated(E, A, S, heads, k: int):
     return out
 
 
-def nnls(X, y):
-    """Non-negative least squares ``min ‖X w − y‖, w ≥ 0`` for a few columns: the best unconstrained solution over
-    every support (exact for the handful of prompts chosen here)."""
-    import itertools
-
-    import torch
-
-    best = (float("inf"), torch.zeros(X.shape[1], dtype=X.dtype))
-    for size in range(1, X.shape[1] + 1):
-        for support in itertools.combinations(range(X.shape[1]), size):
-            cols = list(support)
-            w = torch.linalg.lstsq(X[:, cols], y[:, None]).solution[:, 0]
-            if (w < 0).any():
-                continue
-            res = float((X[:, cols] @ w - y).norm())
-            if res < best[0]:
-                full = torch.zeros(X.shape[1], dtype=X.dtype)
-                full[cols] = w
-                best = (res, full)
-    return best
-
-
 def coreset(E, S, k: int):
-    """Per-head means from ``k`` prompts chosen and weighted on ``S`` alone, plus the estimator's residual mean."""
-    F = S / (S.std(0) + 1e-6)
-    target, chosen, w = F.mean(0), [], None
-    for _ in range(min(k, S.shape[0])):
-        tries = [(nnls(F[chosen + [p]].T, target), p) for p in range(S.shape[0]) if p not in chosen]
-        (_, w), p = min(tries, key=lambda t: t[0][0])
-        chosen.append(p)
+    """Per-head means from ``k`` prompts chosen and weighted on ``S`` alone, plus the estimator's residual mean
+    (the library's choice, :func:`gather_aggregate.attribution_coreset.choose_prompts`)."""
+    from gather_aggregate.attribution_coreset import choose_prompts
+
+    chosen, w = choose_prompts(S, k)
     return w @ E[chosen] + (S.mean(0) - w @ S[chosen])
 
 
