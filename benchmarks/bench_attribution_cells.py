@@ -28,6 +28,7 @@ the share of the pairs the exact scan resolves that are ordered alike, as ``benc
 
     python benchmarks/bench_attribution_cells.py                    # every zoo model and detector fixture
     python benchmarks/bench_attribution_cells.py --models kv-world1 llama-mc
+    python benchmarks/bench_attribution_cells.py --models kv-world1 --dump   # per head and prompt: E / S
 """
 
 from __future__ import annotations
@@ -109,7 +110,16 @@ def coreset(E, S, k: int):
     return w @ E[chosen] + (S.mean(0) - w @ S[chosen])
 
 
-def bench(name: str, path, fixture: bool, n: int) -> dict:
+def dump(name: str, heads, E, S, shown: int = 16) -> None:
+    """Per head: the exact and AtP-softmax means, then the per-prompt ``E / S`` of the first ``shown`` prompts (the
+    figures docs/benchmarks.md quotes for the tail of ``kv-world1``)."""
+    print(f"\n{name}: head | exact | AtP-softmax | per prompt E / S (first {shown})")
+    for j in sorted(range(len(heads)), key=lambda j: -float(E[:, j].mean())):
+        pairs = "  ".join(f"{float(e):.3f}/{float(s_):.3f}" for e, s_ in zip(E[:shown, j], S[:shown, j]))
+        print(f"L{heads[j][0]}H{heads[j][1]} | {float(E[:, j].mean()):.4f} | {float(S[:, j].mean()):.4f} | {pairs}")
+
+
+def bench(name: str, path, fixture: bool, n: int, show: bool = False) -> dict:
     import bench_attribution as ba
     from bench_attribution_cv import _as_result
     from bench_scan import kv_setup
@@ -119,6 +129,8 @@ def bench(name: str, path, fixture: bool, n: int) -> dict:
     model, task, _, _ = ba.fixture_setup(path, n, "logprob") if fixture else kv_setup(name, n, None, 1, path,
                                                                                       "logprob")
     exact, heads, E, A, S = per_prompt(model, task, n)
+    if show:
+        dump(name, heads, E, S)
 
     def cell(values):
         c = compare_rankings(exact, _as_result(exact, dict(zip(heads, values.tolist()))), k=5)
@@ -138,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=None, help="zoo or fixture names (default: all of both)")
     p.add_argument("--n", type=int, default=32, help="prompts")
+    p.add_argument("--dump", action="store_true", help="also print each head's exact and AtP-softmax drops, per prompt")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     targets = zoo_and_fixtures(args.models)
     met: dict[str, int] = {}
     header = False
     for name, path, fixture in targets:
-        r = bench(name, path, fixture, args.n)
+        r = bench(name, path, fixture, args.n, args.dump)
         if not header:
             print("| model | heads | " + " | ".join(f"{lab}: ρ / top-5 / resolved" for lab in r["cells"]) + " |")
             print("|---|---|" + "---|" * len(r["cells"]))
