@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
-from gather_aggregate.errors import TaskError
+from gather_aggregate.errors import GAWarning, TaskError
 from gather_aggregate.tasks import MMLUItem, MMLUTask, load_mmlu
 from gather_aggregate.tasks.mmlu import SAMPLE_PATH
 
@@ -27,7 +28,11 @@ def test_shipped_sample_has_the_cais_columns():
 
 def test_offline_auto_falls_back_to_sample(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert load_mmlu("auto") == load_mmlu("sample")
+    with pytest.warns(GAWarning, match="22-question sample, not cais/mmlu"):  # a sample score must not pass for MMLU
+        auto = load_mmlu("auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # choosing the sample is not warned about
+        assert auto == load_mmlu("sample")
     with pytest.raises(TaskError, match="needs the network"):
         load_mmlu("hub")
 

@@ -146,8 +146,9 @@ def load_mmlu(source: str | os.PathLike[str] = "auto", *, split: str = "test",
     """MMLU questions from the hub (``"auto"``/``"hub"``), the shipped ``"sample"``, or a local file.
 
     ``subjects`` keeps only those subjects (``cais/mmlu`` config names such as
-    ``"astronomy"``).  ``"auto"`` falls back to the sample when offline or when
-    the hub cannot be reached.
+    ``"astronomy"``).  ``"auto"`` falls back to the sample, with a
+    :class:`~gather_aggregate.errors.GAWarning`, when offline or when the hub
+    cannot be reached (``"sample"`` chooses it without one).
     """
     src = str(source)
     if src in ("auto", "hub"):
@@ -156,6 +157,9 @@ def load_mmlu(source: str | os.PathLike[str] = "auto", *, split: str = "test",
                 raise TaskError("source='hub' needs the network but HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set; "
                                 "unset it, or pass a local MMLU file, or source='sample'")
             items = items_from_rows(json.loads(SAMPLE_PATH.read_text(encoding="utf-8")), "the shipped MMLU sample")
+            warn(GAWarning(f"an HF offline flag is set, so MMLU source='auto' is the shipped "
+                           f"{len(items)}-question sample, not cais/mmlu (pass source='sample' to choose it, or a "
+                           "local MMLU file)"))
         else:
             try:
                 return _from_hub(split, subjects)
