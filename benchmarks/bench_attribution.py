@@ -18,6 +18,8 @@ orders the same way: a ranking measure that does not score the order of heads th
     python benchmarks/bench_attribution.py --models --deep 12 --deep-heads 16 --n 8 --no-ceiling  # 192 heads, random weights
     python benchmarks/bench_attribution.py --models --deep 12 --deep-heads 16 --n 32 --no-ceiling \
         --only AtP-softmax "AtP-softmax + 1 exact prompt" "AtP-softmax + 2 exact prompts"   # the coreset's cost
+    python benchmarks/bench_attribution.py --fixtures --no-ceiling --only AtP "AtP + 1 exact prompt" \
+        "AtP + 2 exact prompts" "AtP-softmax + 2 exact prompts"        # the coreset on AtP's per-prompt estimates
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling:
         "AtP*-softmax, next attn layer": dict(estimator="atp*-softmax", qk_layers=1),
         "AtP-softmax + 1 exact prompt": dict(estimator="atp-softmax", exact_prompts=1),
         "AtP-softmax + 2 exact prompts": dict(estimator="atp-softmax", exact_prompts=2),
+        "AtP + 1 exact prompt": dict(estimator="atp", exact_prompts=1),
+        "AtP + 2 exact prompts": dict(estimator="atp", exact_prompts=2),
     }
     if only:
         methods = {label: kw for label, kw in methods.items() if label in only}

@@ -70,7 +70,13 @@ from typing import Any, Literal
 
 import torch
 
-from gather_aggregate.attribution_paths import _estimates, _targets, path_gradients, readout_logit_changes
+from gather_aggregate.attribution_paths import (
+    _estimates,
+    _targets,
+    path_gradients,
+    per_prompt_estimates,
+    readout_logit_changes,
+)
 from gather_aggregate.errors import InputError
 from gather_aggregate.interventions import Method, group_by_layer, head_outputs, make_replacement
 from gather_aggregate.protocol import Head, HookedModel
@@ -80,6 +86,7 @@ from gather_aggregate.session import analysis
 
 Estimator = Literal["atp", "atp*", "ig", "atp-softmax", "atp*-softmax"]
 ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
+CORESET_ESTIMATORS = ("atp", "atp-softmax", "atp*-softmax")  # per-prompt estimates: exact_prompts can correct them
 
 
 @analysis
@@ -104,7 +111,8 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     shortlist goes by magnitude, not by the signed estimate: where a saturated softmax flips or hides a head's
     sign (the zoo's Gather heads, docs/benchmarks.md), its magnitude still stands out.
 
-    ``exact_prompts=k`` (the ``-softmax`` estimators, a metric with per-prompt values such as ``task_metric``'s):
+    ``exact_prompts=k`` (``"atp"`` and the ``-softmax`` estimators, a metric with per-prompt values such as
+    ``task_metric``'s):
     ``k`` prompts chosen from the per-prompt estimates are scanned exactly, weighted, and correct the estimate
     (the prompt coreset, :mod:`gather_aggregate.attribution_coreset`; the chosen prompts and weights are in the
     table's meta).  It costs ``k / n`` of the exact scan on top of the estimator; ``k = n`` is the exact scan.
@@ -150,22 +158,27 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
             meta["qk_layers"] = qk_layers
         clean, est, per_prompt = _softmax_fixed(metric, logits_at, toks, delta, by_layer)
         meta["readout_tokens"] = readout_tokens
-        if exact_prompts:
-            from gather_aggregate.attribution_coreset import corrected
-
-            order = list(est)
-            S = torch.stack([per_prompt[hd] for hd in order], 1)  # type: ignore[index]
-            est, info = corrected(model, tokens, metric, logits_at, S, order, exact_prompts, method, reference,
-                                  per_position, seed)
-            meta.update(info)
     elif estimator == "atp":
-        clean, terms, _ = path_gradients(model, tokens, metric, targets, [0.0])
+        seen: list[torch.Tensor] = []  # the clean readout logits, which the coreset's subset metric fills in
+        run_metric = _keeping_readout(metric, seen) if isinstance(metric, ReadoutMetric) and exact_prompts else metric
+        clean, terms, _ = path_gradients(model, tokens, run_metric, targets, [0.0])
         est = _estimates(model, by_layer, terms)
+        if exact_prompts:
+            logits_at, per_prompt = seen[0], per_prompt_estimates(model, by_layer, terms)
     else:
         from gather_aggregate.attribution_star import atp_star
 
         clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop,
                                     qk_layers=qk_layers)
+        meta.update(info)
+    if exact_prompts:
+        from gather_aggregate.attribution_coreset import corrected
+
+        assert isinstance(metric, ReadoutMetric)  # _check_coreset, before any work
+        order = list(est)
+        S = torch.stack([per_prompt[hd] for hd in order], 1)  # type: ignore[index]
+        est, info = corrected(model, tokens, metric, logits_at, S, order, exact_prompts, method, reference,
+                              per_position, seed)
         meta.update(info)
     meta["metric_clean"] = clean
     rows = [_row(model, layer, h, clean, clean - est[(layer, h)]) for layer, h in heads]
@@ -192,8 +205,8 @@ def _check_count(name: str, value: Any, low: int, what: str) -> None:
 
 def _check_coreset(estimator: str, metric: Any, method: str) -> None:
     """``exact_prompts`` needs per-prompt estimates, per-prompt metric values and an ablation a subset keeps."""
-    if not estimator.endswith("-softmax"):
-        raise InputError(f"exact_prompts needs per-prompt estimates: use estimator='atp-softmax' or "
+    if estimator not in CORESET_ESTIMATORS:
+        raise InputError(f"exact_prompts needs per-prompt estimates: use estimator='atp', 'atp-softmax' or "
                          f"'atp*-softmax', not {estimator!r}")
     if not isinstance(metric, ReadoutMetric) or metric.per_prompt is None:
         raise InputError("exact_prompts needs a metric with one value per prompt: build it with "
@@ -201,6 +214,16 @@ def _check_coreset(estimator: str, metric: Any, method: str) -> None:
     if method == "resample":
         raise InputError("exact_prompts works with zero or mean ablation: resampling pairs each prompt with another "
                          "of the batch, which a subset of prompts changes; use method='mean' or exact_scan")
+
+
+def _keeping_readout(metric: ReadoutMetric, seen: list[torch.Tensor]) -> Metric:
+    """``metric``, which also appends the clean readout logits ``[batch, k, vocab]`` it reads to ``seen``."""
+
+    def keep(logits: torch.Tensor) -> Any:
+        seen.append(metric.select(logits).detach())
+        return metric(logits)
+
+    return keep
 
 
 def _softmax_fixed(metric: ReadoutMetric, logits_at: torch.Tensor, toks: torch.Tensor, delta: dict[int, torch.Tensor],

@@ -2,7 +2,8 @@
 
 The exact drop of head ``h`` over ``n`` prompts is the mean of its per-prompt drops, ``c̄(h) = (1/n) Σ_p E[p, h]``
 (a metric built with :meth:`~gather_aggregate.readout.ReadoutMetric.mean_of` is a mean over prompts).  AtP-softmax
-(:mod:`gather_aggregate.attribution`) gives per-prompt estimates ``S[p, h]`` at the cost of one forward.  Choose
+and AtP (:mod:`gather_aggregate.attribution`) give per-prompt estimates ``S[p, h]`` at no cost beyond their batch
+estimate (prompts do not interact, so each prompt's share of the batch's terms is its own).  Choose
 ``k`` prompts ``C`` and weights ``w ≥ 0`` from ``S`` alone, so that their weighted estimates reproduce the estimator's
 mean over every prompt, ``Σ_{p∈C} w_p S[p, :] ≈ S̄`` (each head's column scaled by its spread over the prompts, so
 that the small heads count as much as the large), then scan ``C`` exactly and correct:

@@ -125,6 +125,21 @@ def _estimates(model: HookedModel, by_layer: dict[int, list[int]], terms: dict[i
     return out
 
 
+def per_prompt_estimates(model: HookedModel, by_layer: dict[int, list[int]], terms: dict[int, Tensor]
+                         ) -> dict[Head, Tensor]:
+    """Each prompt's own estimated drop ``[batch]`` per scanned head, from the terms of a metric that is the mean
+    of per-prompt values: prompts do not interact, so prompt ``p``'s terms carry ``∂M/∂z[p] = (1/n) ∂m_p/∂z[p]``
+    and its own drop is ``-n Σ terms[p]`` (their mean is :func:`_estimates`)."""
+    out = {}
+    for layer, hs in by_layer.items():
+        axis = model.head_hook(layer)[1]
+        t = terms[layer].double()
+        per = -t.shape[0] * t.movedim(axis, 1).flatten(2).sum(2)  # [batch, heads]; batch is axis 0 of every hook
+        for h in hs:
+            out[(layer, h)] = per[:, h].cpu()
+    return out
+
+
 def readout_tokens(metric: Any, logits_at: Tensor, n_tokens: int) -> Tensor:
     """The ``n_tokens`` vocabulary entries per readout row ``[batch, k, n]`` the metric is most sensitive to at
     the clean point: largest ``|∂M/∂logit|`` (for an answer log-prob, the answer and its likeliest rivals; for a

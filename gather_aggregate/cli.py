@@ -189,7 +189,7 @@ def _scan_options(p: argparse.ArgumentParser) -> None:
                    help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients, "
                         "AtP with the output softmax exact, and that with the QK fix carried into the readout logits")
     p.add_argument("--exact-prompts", type=_int_type("--exact-prompts", 0), default=0, metavar="K",
-                   help="with --mode atp-softmax or atp*-softmax: correct the estimate by the exact scan of K prompts "
+                   help="with --mode atp, atp-softmax or atp*-softmax: correct the estimate by the exact scan of K prompts "
                         "chosen from it (the prompt coreset; K/n of the exact scan's cost)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")

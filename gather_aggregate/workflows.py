@@ -120,8 +120,8 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.mode != "exact" and (getattr(args, "ray", None) is not None or args.resume):  # were ignored silently
         raise InputError(f"--{'ray' if getattr(args, 'ray', None) is not None else 'resume'} applies to the exact "
                          f"scan only; --mode {args.mode} is one pass of gradients: leave it out, or use --mode exact")
-    if getattr(args, "exact_prompts", 0) and not args.mode.endswith("-softmax"):
-        raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode "
+    if getattr(args, "exact_prompts", 0) and args.mode not in ("atp", "atp-softmax", "atp*-softmax"):
+        raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode atp, "
                          f"atp-softmax or atp*-softmax, not --mode {args.mode}")
     out, model, examples = _start(args, "scan")
     tokens, metric = task_metric(model, examples)

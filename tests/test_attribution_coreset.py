@@ -76,7 +76,7 @@ def batch(setup):
 
 
 @pytest.mark.parametrize("method,estimator", [("zero", "atp-softmax"), ("mean", "atp-softmax"),
-                                              ("zero", "atp*-softmax")])
+                                              ("zero", "atp*-softmax"), ("zero", "atp"), ("mean", "atp")])
 def test_every_prompt_exact_is_the_exact_scan(batch, method, estimator):
     model, tokens, metric = batch
     ref = tokens.flip(0) if method == "mean" else None
@@ -88,13 +88,15 @@ def test_every_prompt_exact_is_the_exact_scan(batch, method, estimator):
         assert v == pytest.approx(exact[hd], abs=1e-5)
 
 
-def test_two_prompts_are_their_weighted_exact_drops_plus_the_estimators_residual(setup):
+@pytest.mark.parametrize("estimator", ["atp-softmax", "atp"])
+def test_two_prompts_are_their_weighted_exact_drops_plus_the_estimators_residual(setup, estimator):
     """c̃(h) = Σ w_p E[p, h] + (S̄ − Σ w_p S[p, h]), each term computed separately: the exact drops by one-prompt
-    scans, the per-prompt estimates by one-prompt AtP-softmax."""
+    scans, the per-prompt estimates by one-prompt runs of the estimator (for AtP, the batch gradient's share of
+    prompt p times n)."""
     model, tokens, metric_of = setup
     metric = metric_of(slice(None))
     before, hooks = param_checksum(model), count_hooks(model)
-    got = attribution_scan(model, tokens, metric, estimator="atp-softmax", exact_prompts=2)
+    got = attribution_scan(model, tokens, metric, estimator=estimator, exact_prompts=2)
     chosen, w = got.meta["exact_prompts"], torch.tensor(got.meta["exact_prompt_weights"], dtype=torch.float64)
     assert len(chosen) == 2 and (w >= 0).all()
 
@@ -102,7 +104,7 @@ def test_two_prompts_are_their_weighted_exact_drops_plus_the_estimators_residual
         return run(model, tokens[p:p + 1], metric_of(slice(p, p + 1))).scores()
 
     E = {p: one(p, lambda *a: exact_scan(*a, progress=False)) for p in range(4)}
-    S = {p: one(p, lambda *a: attribution_scan(*a, estimator="atp-softmax")) for p in range(4)}
+    S = {p: one(p, lambda *a: attribution_scan(*a, estimator=estimator)) for p in range(4)}
     for hd, v in got.scores().items():
         want = sum(float(w[i]) * (E[p][hd] - S[p][hd]) for i, p in enumerate(chosen))
         want += sum(S[p][hd] for p in range(4)) / 4
@@ -113,7 +115,8 @@ def test_two_prompts_are_their_weighted_exact_drops_plus_the_estimators_residual
 def test_what_the_coreset_needs_is_checked_before_any_work(batch):
     model, tokens, metric = batch
     plain = ReadoutMetric(metric.fn, -1)  # no per-prompt values
-    cases = [(dict(estimator="atp", exact_prompts=2), metric, "atp-softmax"),
+    cases = [(dict(estimator="ig", exact_prompts=2), metric, "atp-softmax"),
+             (dict(estimator="atp*", exact_prompts=2), metric, "atp-softmax"),
              (dict(estimator="atp-softmax", exact_prompts=2), plain, "mean_of"),
              (dict(estimator="atp-softmax", exact_prompts=2, method="resample", reference=tokens), metric,
               "zero or mean"),

@@ -250,6 +250,6 @@ def test_scan_with_a_prompt_coreset(tiny_llama_dir, tmp_path, capsys):
     assert sorted(data["meta"]["exact_prompts"]) == [0, 1, 2]
     for r in data["rows"]:
         assert r["score"] == pytest.approx(exact[(r["layer"], r["head"])], abs=1e-5)
-    assert main(["scan", *common, "--mode", "atp", "--exact-prompts", "2", "--out", str(tmp_path / "bad")]) == 2
-    assert "use it with --mode atp-softmax or atp*-softmax" in capsys.readouterr().err
+    assert main(["scan", *common, "--mode", "ig", "--exact-prompts", "2", "--out", str(tmp_path / "bad")]) == 2
+    assert "use it with --mode atp, atp-softmax or atp*-softmax" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()  # refused before anything is written
