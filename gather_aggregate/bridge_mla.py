@@ -48,7 +48,8 @@ def split_mla_heads(bridge: Any) -> dict[int, int]:
         width = int(o.original_component.in_features)
         if width != int(bridge.cfg.n_heads) * int(v):
             raise UnsupportedModelError(f"layer {i}'s latent attention has an o_proj input of {width}, not n_heads "
-                                        f"{bridge.cfg.n_heads} x v_head_dim {v}; its heads cannot be told apart")
+                                        f"{bridge.cfg.n_heads} x v_head_dim {v}, so its heads cannot be told apart; "
+                                        "load a checkpoint whose config matches its o_proj weights")
         o.hook_in.hook_conversion = ValueHeads(int(bridge.cfg.n_heads), int(v))
         out[i] = int(v)
     return out

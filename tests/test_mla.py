@@ -268,4 +268,27 @@ def test_the_users_model_is_untouched_and_no_hook_outlives_a_call(name, loaded):
     assert not [h for m in hf.modules() for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
                 if not getattr(h, "__module__", "").startswith(wiring)]
     assert model.module.original_model is not hf  # the bridge wraps a private copy; its o.hook_in split is its own
-    assert all(not hasattr(m, "hook_conversion") for m in hf.modules())
+
+
+def test_a_latent_attention_whose_o_proj_is_not_heads_times_v_head_dim_is_refused_in_one_line():
+    """HF builds ``o_proj`` from ``num_attention_heads * v_head_dim``; a module tree that disagrees (edited weights,
+    a remote-code variant) cannot be split into heads, and says so instead of mixing them."""
+    from types import SimpleNamespace
+
+    from gather_aggregate.bridge_mla import split_mla_heads
+    from gather_aggregate.errors import UnsupportedModelError
+
+    hf_attn = SimpleNamespace(v_head_dim=6, kv_b_proj=object())
+    o = SimpleNamespace(hook_in=SimpleNamespace(hook_conversion=None),
+                        original_component=SimpleNamespace(in_features=10))
+    bridge = SimpleNamespace(cfg=SimpleNamespace(n_heads=2),
+                             blocks=[SimpleNamespace(attn=SimpleNamespace(original_component=hf_attn, o=o))])
+    with pytest.raises(UnsupportedModelError, match="o_proj input of 10, not n_heads 2 x v_head_dim 6") as err:
+        split_mla_heads(bridge)
+    assert "\n" not in str(err.value) and o.hook_in.hook_conversion is None
+    o.original_component.in_features = 12
+    assert split_mla_heads(bridge) == {0: 6}
+    z = torch.arange(24.0).reshape(1, 2, 12)
+    split = o.hook_in.hook_conversion.convert(z)
+    assert tuple(split.shape) == (1, 2, 2, 6) and torch.equal(split[0, 1, 1], z[0, 1, 6:])  # head 1: its own slice
+    assert torch.equal(o.hook_in.hook_conversion.revert(split), z)
