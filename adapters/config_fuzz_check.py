@@ -180,9 +180,6 @@ def expected_refusals(case: FuzzCase) -> list[str]:
         why.append("hidden_size_per_layer_input")  # per-layer embeddings need the token ids: no resumed forward
     if case.family == "laguna" and set(f["num_attention_heads_per_layer"]) != {f["num_attention_heads"]}:
         why.append("num_attention_heads_per_layer")  # TL's bridge gives every layer num_attention_heads heads
-    if case.family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu") and f["v_head_dim"] != f[
-            "qk_rope_head_dim"]:
-        why.append("v_head_dim")  # TL splits MLA's hook_z into heads of qk_rope_head_dim
     if case.family == "opt":
         why += [k for k, v in (("do_layer_norm_before", False), ("_remove_final_layer_norm", True)) if f[k] == v]
     if case.family == "falcon" and f["new_decoder_architecture"] and (

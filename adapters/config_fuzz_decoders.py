@@ -340,7 +340,7 @@ def _mla(r: random.Random) -> dict[str, Any]:
     return dict(hidden_size=n * r.choice([3, 4, 5]), num_attention_heads=n, num_key_value_heads=n,
                 kv_lora_rank=r.choice([2, 4, 8]), q_lora_rank=r.choice([None, 3, 8]),  # HF rotates complex pairs
                 qk_rope_head_dim=rope, qk_nope_head_dim=r.choice([2, 6]),
-                v_head_dim=rope if r.random() < 0.7 else r.choice([2, 6]),  # refused unless it is qk_rope_head_dim
+                v_head_dim=rope if r.random() < 0.7 else r.choice([2, 6]),  # unlike rope in released checkpoints
                 intermediate_size=r.choice([6, 20]), rms_norm_eps=_eps(r), attention_bias=r.random() < 0.5,
                 rope_parameters=_rope(r, 4), **_common(r))
 

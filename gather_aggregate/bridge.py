@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gather_aggregate.bridge_mla import split_mla_heads
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, UnsupportedModelError
 from gather_aggregate.hook_checks import check_cache_names, check_hook_names, checked_hooks
@@ -127,9 +128,11 @@ class BridgeModel(ProtocolMixin):
         self.d_vocab = int(cfg.d_vocab)
         self._block_returns_tuple: bool | None = None  # learnt on the first start_at_layer call
         per_layer = getattr(cfg, "per_layer_head_dim", None) or []  # Gemma 4: wider heads on its global layers
+        self._value_heads = split_mla_heads(bridge)  # latent attention: heads of v_head_dim, not of cfg.d_head
         self._layers = [
             LayerInfo(index=i, kind="attn", n_heads=int(cfg.n_heads),
-                      d_head=int(per_layer[i]) if i < len(per_layer) and per_layer[i] else int(cfg.d_head),
+                      d_head=self._value_heads.get(i) or (
+                          int(per_layer[i]) if i < len(per_layer) and per_layer[i] else int(cfg.d_head)),
                       head_hook=f"blocks.{i}.attn.hook_z")
             for i in range(int(cfg.n_layers))
         ]
@@ -298,11 +301,14 @@ class BridgeModel(ProtocolMixin):
         form = self._block_form(info.index)
         if form is None:
             return None
+        hook = "ln1_post.hook_in" if form == "post_norm" else "hook_attn_out"
+        attn = self.module.blocks[info.index].attn
+        if info.index in self._value_heads:  # latent attention: o_proj's weight is [d_model, n_heads * v_head_dim]
+            return f"blocks.{info.index}.{hook}", attn.o.original_component.weight
         try:
-            w_o = self.module.blocks[info.index].attn.W_O  # [head, d_head, d_model]
+            w_o = attn.W_O  # [head, d_head, d_model]
         except ValueError:  # TL's PerLayerGeometryError: heads TL cannot split (attention without the shortcut)
             return None
-        hook = "ln1_post.hook_in" if form == "post_norm" else "hook_attn_out"
         return f"blocks.{info.index}.{hook}", w_o.reshape(-1, w_o.shape[-1]).T
 
     def mixer_normed(self, layer: int) -> bool:

@@ -106,11 +106,6 @@ INEXACT_ARCHITECTURES: dict[str, str] = {
 INEXACT_ARCHITECTURES["JetMoEForCausalLM"] = INEXACT_ARCHITECTURES["JetMoeForCausalLM"]  # TL's other spelling
 
 
-_MLA_WHY = ("splits the multi-head latent attention's output (hook_z) into heads of head_dim (= qk_rope_head_dim), "
-            "not of v_head_dim, so every head-level hook and ablation would mix heads; only configs with "
-            "v_head_dim == qk_rope_head_dim load (no released DeepSeek-V2/V3, GLM-4.7-Flash or Youtu checkpoint)")
-
-
 #: Config values (by ``model_type``: field, value, why) TransformerLens 4.3's bridge does not reproduce, found by the
 #: config fuzz (``adapters/config_fuzz.py``).  ``value`` is the refused value, or a test of the config (``get(field)``
 #: -> bool) whose ``why`` then also says what loads.  Of these, OPT's post-LN layout (OPT-350m) and Falcon's new
@@ -133,8 +128,6 @@ INEXACT_CONFIGS: dict[str, list[tuple[str, Any, str]]] = {
         "has one head count for every layer (cfg.n_heads, which the head-level analyses read), so per-layer head "
         "counts other than num_attention_heads get wrong patterns (the config fuzz: 0.68 from HF's); only "
         "checkpoints with the same head count in every layer load")],
-    **{t: [("v_head_dim", lambda get: get("v_head_dim") != get("head_dim"), _MLA_WHY)]
-       for t in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu")},
     "gemma4_text": [("hidden_size_per_layer_input", lambda get: bool(get("hidden_size_per_layer_input")),
                      "cannot resume a forward at a layer (start_at_layer, which exact head scans and patching use) "
                      "with Gemma 4's per-layer embeddings: they are computed from the token ids, which a resumed "
