@@ -149,8 +149,12 @@ def mamba1_implied_attention(
     slot = torch.arange(len(hs), device=dt.device).repeat_interleave(head_size)  # output head of each channel
     dtf, Af, Bf, Cf = dt.float(), A.float(), B.float(), C.float()
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (dt, A, B, C))  # out-of-place ops then
-    # zeros mapped lazily: heads accumulate into it, and the per-channel full matrix skips its zeros
-    out = lazy_zeros((b, len(hs), Q, L), dt.device)
+    # heads accumulate into zeros, and the per-channel full matrix leaves its zeros above the diagonal to a
+    # lazily mapped output; query rows write every entry of theirs
+    if rows is None or head_size > 1:
+        out = lazy_zeros((b, len(hs), Q, L), dt.device)
+    else:
+        out = torch.empty(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
     for i, j in _channel_pieces(len(channels), head_size, chunk, whole_groups=fused):
         ch = channels[i:j]
         if bool((ch == torch.arange(int(ch[0]), int(ch[0]) + len(ch), device=ch.device)).all()):
