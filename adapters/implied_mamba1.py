@@ -28,7 +28,7 @@ from gather_aggregate.adapters.implied_common import (
     _gib,
     _head_list,
     _segsum,
-    lazy_zeros,
+    mapped_zeros,
 )
 from gather_aggregate.adapters.implied_mamba1_blocks import (
     ROWS_LONG,
@@ -150,9 +150,9 @@ def mamba1_implied_attention(
     dtf, Af, Bf, Cf = dt.float(), A.float(), B.float(), C.float()
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (dt, A, B, C))  # out-of-place ops then
     # heads accumulate into zeros, and the per-channel full matrix leaves its zeros above the diagonal to a
-    # lazily mapped output; query rows write every entry of theirs
+    # zero-mapped output; query rows write every entry of theirs
     if rows is None or head_size > 1:
-        out = lazy_zeros((b, len(hs), Q, L), dt.device)
+        out = mapped_zeros((b, len(hs), Q, L), dt.device)
     else:
         out = torch.empty(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
     for i, j in _channel_pieces(len(channels), head_size, chunk, whole_groups=fused):

@@ -23,7 +23,7 @@ multiply-adds run in matmuls.  What makes it fast on a CPU:
   sweep over contiguous memory whatever the block shape;
 - the diagonal blocks of at most :data:`_LEAF` rows (the leaves) are filled in a small buffer and copied
   into the output whole (their rows are a few floats long);
-- with ``zeroed`` (an output from :func:`.implied_common.lazy_zeros`) the zeros above the diagonal are not
+- with ``zeroed`` (an output from :func:`.implied_common.mapped_zeros`) the zeros above the diagonal are not
   written at all.
 
 **Query rows** (:func:`rows_per_channel`): for one query ``t`` the row is a single reverse pass over the

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import gather_aggregate.adapters.implied_mamba1_blocks as blocks
 from gather_aggregate.adapters.implied import mamba1_implied_attention, mamba1_implied_reference
-from gather_aggregate.adapters.implied_common import lazy_zeros
+from gather_aggregate.adapters.implied_common import mapped_zeros
 
 REL = 1e-5
 
@@ -53,12 +53,12 @@ def test_full_per_channel_equals_reference(b, L, d, n, dt_scale, scaling, zeroed
 
 
 @pytest.mark.parametrize("dt_scale", [1e-3, 1.0, 30.0])
-def test_full_per_channel_long_prompt_into_lazy_zeros(dt_scale):
+def test_full_per_channel_long_prompt_into_mapped_zeros(dt_scale):
     """A long odd prompt (L = 601: blocks of 256, 64, 16 and 4 with partial ones at every level), two prompts,
-    into a lazily mapped zero output (as mamba1_implied_attention allocates it): tiny Δ (nothing decays), unit
+    into a zero-mapped output (as mamba1_implied_attention allocates it): tiny Δ (nothing decays), unit
     Δ and large Δ (decays underflow within a few keys, factors floored) all match the formula."""
     dt, A, B, C = inputs(2, 601, 2, 3, dt_scale, 7)
-    out = lazy_zeros((2, 2, 601, 601), dt.device)
+    out = mapped_zeros((2, 2, 601, 601), dt.device)
     assert out.untyped_storage().nbytes() >= 2 * 2 * 601 * 601 * 4 and not bool(out.any())
     blocks.full_per_channel(dt, dt, A, B, C, out, zeroed=True)
     ref = mamba1_implied_reference(dt, A, B, C)
@@ -81,11 +81,11 @@ def test_full_per_channel_factors_stay_normal_floats():
     assert bool(((out.double() - ref).abs() <= 1.0001 * math.exp(-35) * undecayed + REL * mag).all())
 
 
-def test_lazy_zeros():
-    """Large CPU outputs come from a lazily mapped zero mapping (writable, freed with the tensor), small ones
+def test_mapped_zeros():
+    """Large CPU outputs come from an anonymous zero mapping (writable, freed with the tensor), small ones
     and other devices from torch.zeros; both are float32 zeros of the shape asked for."""
     for shape in [(3, 1024, 1024), (2, 3)]:
-        z = lazy_zeros(shape, torch.device("cpu"))
+        z = mapped_zeros(shape, torch.device("cpu"))
         assert z.shape == shape and z.dtype == torch.float32 and z.is_contiguous() and not bool(z.any())
         z.view(-1)[-1] = 5.0
         assert float(z.sum()) == 5.0
