@@ -81,6 +81,17 @@ def test_full_per_channel_factors_stay_normal_floats():
     assert bool(((out.double() - ref).abs() <= 1.0001 * math.exp(-35) * undecayed + REL * mag).all())
 
 
+@pytest.mark.parametrize("L", [1, 2, 15, 16, 17, 65, 257])
+def test_public_full_per_channel_at_block_edges(L):
+    """mamba1_implied_attention's per-channel matrix (the zeroed output path) at lengths on and around the block
+    edges (one row; a leaf and a leaf plus one row; a level's blocks plus one), two prompts, against the formula."""
+    dt, A, B, C = inputs(2, L, 3, 4, 1.0, L)
+    got = mamba1_implied_attention(dt, A, B, C)
+    ref = mamba1_implied_reference(dt, A, B, C)
+    assert within_fp32(got, ref, mamba1_implied_reference(dt, A, B.abs(), C.abs()))
+    assert torch.equal(got.triu(1), torch.zeros_like(got))
+
+
 def test_mapped_zeros():
     """Large CPU outputs come from an anonymous zero mapping (writable, freed with the tensor), small ones
     and other devices from torch.zeros; both are float32 zeros of the shape asked for."""
