@@ -28,6 +28,7 @@ from gather_aggregate.adapters.implied_common import (
     _gib,
     _head_list,
     _segsum,
+    mapped_zeros,
 )
 from gather_aggregate.adapters.implied_mamba1_blocks import (
     ROWS_LONG,
@@ -148,16 +149,20 @@ def mamba1_implied_attention(
     slot = torch.arange(len(hs), device=dt.device).repeat_interleave(head_size)  # output head of each channel
     dtf, Af, Bf, Cf = dt.float(), A.float(), B.float(), C.float()
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (dt, A, B, C))  # out-of-place ops then
-    # per-channel outputs are written once, entry by entry (zeros above the diagonal too); heads accumulate
-    alloc = torch.zeros if head_size > 1 else torch.empty
-    out = alloc(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
+    # heads accumulate into zeros, and the per-channel full matrix leaves its zeros above the diagonal to a
+    # zero-mapped output; query rows write every entry of theirs
+    if rows is None or head_size > 1:
+        out = mapped_zeros((b, len(hs), Q, L), dt.device)
+    else:
+        out = torch.empty(b, len(hs), Q, L, dtype=torch.float32, device=dt.device)
     for i, j in _channel_pieces(len(channels), head_size, chunk, whole_groups=fused):
         ch = channels[i:j]
         if bool((ch == torch.arange(int(ch[0]), int(ch[0]) + len(ch), device=ch.device)).all()):
             ch = slice(int(ch[0]), int(ch[0]) + len(ch))  # a contiguous range: views, no gathers
         dt_c, A_c = dtf[:, :, ch], Af[ch]
         if rows is None and head_size == 1 and not grad:  # per channel: the hierarchy of diagonal blocks
-            full_per_channel(dt_c, dt_c if dt_scaling else torch.ones_like(dt_c), A_c, Bf, Cf, out[:, i:j])
+            full_per_channel(dt_c, dt_c if dt_scaling else torch.ones_like(dt_c), A_c, Bf, Cf, out[:, i:j],
+                             zeroed=True)
         elif rows is None and (head_size == 1 or fused):
             group = min(head_size, j - i)  # a piece is whole heads, or a part of one head
             dst = out[:, i // head_size:-(-j // head_size)]

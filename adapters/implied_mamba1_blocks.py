@@ -14,7 +14,17 @@ the rectangle is one batched matmul over ``n``: ``[T, N] @ [N, r - p]`` per chan
 the output.  The parent's diagonal children are split again, every level batched over all blocks of that
 size (strided views of the output), until blocks of :data:`_DIRECT` rows, whose entries come from the
 formula itself.  Elementwise work is O(D·N·L·levels) exps instead of O(D·N·L·T), and the O(D·N·L²/2)
-multiply-adds run in matmuls.
+multiply-adds run in matmuls.  What makes it fast on a CPU:
+
+- each factor's exponent is floored at :data:`_FACTOR_FLOOR` = -35, so that a product of two factors stays
+  a normal fp32 number (a matmul over subnormal products runs ~50x slower on x86); an entry changes by less
+  than ``exp(-35) ≈ 6.3e-16`` times ``Σ_n |C_t[n] B_s[n]| Δ_s``;
+- the factors are laid out ``[.., keys, N]`` with ``N`` innermost, so that each elementwise pass is one
+  sweep over contiguous memory whatever the block shape;
+- the diagonal blocks of at most :data:`_LEAF` rows (the leaves) are filled in a small buffer and copied
+  into the output whole (their rows are a few floats long);
+- with ``zeroed`` (an output from :func:`.implied_common.mapped_zeros`) the zeros above the diagonal are not
+  written at all.
 
 **Query rows** (:func:`rows_per_channel`): for one query ``t`` the row is a single reverse pass over the
 keys, ``α_d[t, s] = Σ_n C_t[n] B_s[n] Δ_s[d] exp(A[d, n] (τ_t - τ_s))`` for ``s ≤ t``, done in chunks of
@@ -30,10 +40,18 @@ from torch import Tensor
 
 #: Floor of decay exponents: exp(-87) ≈ 1.6e-38 is the smallest fp32 decay kept normal (slow paths below).
 _EXP_FLOOR = -87.0
+#: Floor of the exponent of every decay factor of the full matrix (:func:`full_per_channel`): each changes by
+#: less than exp(-35) ≈ 6.3e-16, and a product of two floored factors (≥ exp(-70) ≈ 4e-31, times C·B·Δ)
+#: stays a normal fp32 number; subnormal operands or results make a matmul ~50x slower on x86.
+_FACTOR_FLOOR = -35.0
 #: Rows of the blocks whose entries are computed straight from the formula (the last level).
 _DIRECT = 4
 #: Children per parent block at each level of the hierarchy.
 _SPLIT = 4
+#: Channels processed at once by :func:`full_per_channel` (measured: 32-256 take the same time).
+_FULL_CHANNELS = 128
+#: Rows of the diagonal blocks (leaves) filled in a small buffer and copied into the output whole.
+_LEAF = 16
 
 
 def _sizes(L: int) -> list[int]:
@@ -51,49 +69,70 @@ def _sizes(L: int) -> list[int]:
 def full_per_channel_bytes(L: int, d_state: int) -> int:
     """Working bytes per channel of :func:`full_per_channel` (the output aside)."""
     T = (_sizes(L) or [0])[0]
-    # τ (float64), Δ_s, B_s Δ_s, the query/key factor buffers, the batched lower-level product (at most
-    # 3/16 · L · T per channel), the direct blocks' float64/float32 temporaries
-    return 8 * L + 4 * L + 12 * d_state * L + 4 * (3 * L * T // 16) + 20 * L * _DIRECT
+    # τ (float64), Δ_s; B_s Δ_s, one level's query and key factors, the direct blocks' two [3/2 L, N]
+    # temporaries; the batched lower-level product (at most 3/16 · L · T); the leaves' buffer
+    return 12 * L + 4 * d_state * L * (1 + 1 + 1 + 3) + 4 * (3 * L * T // 16) + 4 * L * (_LEAF + 1)
 
 
-def full_per_channel(dt: Tensor, w: Tensor, A: Tensor, B: Tensor, C: Tensor, out: Tensor) -> None:
+def full_per_channel(dt: Tensor, w: Tensor, A: Tensor, B: Tensor, C: Tensor, out: Tensor,
+                     zeroed: bool = False) -> None:
     """Write the per-channel α of every channel into ``out`` ``[batch, c, L, L]`` (zeros above the diagonal).
 
     ``dt``, ``w`` (the ``Δ_s`` factor, or ones): ``[batch, L, c]``; ``A`` ``[c, N]``; ``B``, ``C``
-    ``[batch, L, N]``; all float32 (``out`` may be a strided channel slice of a larger tensor).
+    ``[batch, L, N]``; all float32 (``out`` may be a strided channel slice of a larger tensor).  ``zeroed``:
+    ``out`` holds zeros already, so the entries above the diagonal are not written (pages of a fresh
+    zero mapping are then touched only by the lower triangle's writes).  Each decay is a product of factors
+    whose exponents are floored at :data:`_FACTOR_FLOOR`: an entry changes by less than
+    ``exp(-35) · Σ_n |C_t[n] B_s[n]| Δ_s``.
     """
     b, L, c = dt.shape
-    N = A.shape[1]
     if L == 0 or c == 0:
         return
-    A3 = A[:, :, None]  # [c, N, 1]
+    sizes = _sizes(L)
+    tile = min(c, _FULL_CHANNELS)
     for bi in range(b):
-        tau = torch.cumsum(dt[bi].T, -1, dtype=torch.float64)  # [c, L]
-        ctx = _Ctx(out[bi], tau, A3, B[bi], C[bi], w[bi].T.contiguous(), L, N)
-        ctx.square(0, 1, L, _sizes(L))
+        for c0 in range(0, c, tile):
+            c1 = min(c, c0 + tile)
+            tau = torch.cumsum(dt[bi, :, c0:c1].T, -1, dtype=torch.float64)  # [tile, L]
+            ctx = _Ctx(out[bi, c0:c1], tau, A[c0:c1], B[bi], C[bi], w[bi, :, c0:c1].T.contiguous(), zeroed)
+            ctx.square(0, 1, L, sizes)
+
+
+def _factor(gap: Tensor, A4: Tensor, coef: Tensor) -> Tensor:
+    """``exp(A gap) · coef`` with the exponent floored at :data:`_FACTOR_FLOOR`: ``gap`` ``[c, m, k, 1]`` (a
+    float32 τ difference, its sign that of the decay's exponent over ``A``), ``A4`` ``[c, 1, 1, N]``, ``coef``
+    ``[m, k, N]`` or ``[c, m, k, N]``: ``[c, m, k, N]``."""
+    return torch.mul(gap, A4).clamp_min_(_FACTOR_FLOOR).exp_().mul_(coef)
 
 
 class _Ctx:
-    """One prompt's operands, and the recursion over levels of diagonal blocks."""
+    """One prompt's operands for a tile of channels, and the recursion over levels of diagonal blocks.
 
-    def __init__(self, out: Tensor, tau: Tensor, A3: Tensor, B: Tensor, C: Tensor, wT: Tensor, L: int,
-                 N: int) -> None:
-        self.out, self.tau, self.A3, self.B, self.C, self.wT, self.L, self.N = out, tau, A3, B, C, wT, L, N
-        self.bw = (B.T[None] * wT[:, None]).contiguous()  # [c, N, L]: B_s Δ_s
-        self.BT, self.CT = B.T.contiguous(), C.T.contiguous()  # [N, L]
-        self.c = tau.shape[0]
-        self.kbuf = torch.empty(self.c * N * L, device=tau.device)  # key factors of one level step
-        self.qbuf = torch.empty(self.c * N * L, device=tau.device)
+    Blocks of more than :data:`_LEAF` rows write into ``out``; the diagonal blocks of at most :data:`_LEAF`
+    rows (the leaves) are filled in a small buffer first (with its zeros above the diagonal) and copied into
+    ``out`` whole: there rows are a few floats long, which would cost ``out`` a partial cache line per row and
+    level.  The *target* (``out`` or the leaf buffer) holds entry ``(t, s)`` at ``(t - org)·rs + s - org``.
+    """
+
+    def __init__(self, out: Tensor, tau: Tensor, A: Tensor, B: Tensor, C: Tensor, wT: Tensor, zeroed: bool) -> None:
+        self.out, self.tau, self.A4, self.B, self.C, self.wT = out, tau, A[:, None, None, :], B, C, wT
+        self.zeroed = zeroed
+        self.bw = B * wT[:, :, None]  # [c, L, N]: B_s Δ_s
+        self.c, self.N = A.shape
+        self.L = tau.shape[1]
+        self.tgt, self.rs, self.org = out, self.L, 0
 
     def view(self, lo: int, n_par: int, P: int, r0: int, h: int, k0: int, k: int) -> Tensor:
-        """``out`` rows ``lo + i·P + r0 + [0, h)`` x keys ``lo + i·P + k0 + [0, k)`` for parents ``i``: ``[c, n_par, h, k]``."""
-        o = self.out
-        L = self.L
-        return o.as_strided((self.c, n_par, h, k), (o.stride(0), P * (L + 1), L, 1),
-                            o.storage_offset() + (lo + r0) * L + lo + k0)
+        """Target rows ``lo + i·P + r0 + [0, h)`` x keys ``lo + i·P + k0 + [0, k)`` for parents ``i``: ``[c, n_par, h, k]``."""
+        t, rs, lo = self.tgt, self.rs, lo - self.org
+        return t.as_strided((self.c, n_par, h, k), (t.stride(0), P * (rs + 1), rs, 1),
+                            t.storage_offset() + (lo + r0) * rs + lo + k0)
 
     def square(self, lo: int, n_par: int, P: int, sizes: list[int]) -> None:
         """Fill the ``n_par`` back-to-back diagonal blocks of ``P`` rows starting at ``lo`` (lower triangles)."""
+        if P <= _LEAF and self.tgt is self.out:
+            self.leaf(lo, n_par, P, sizes)
+            return
         T = next((s for s in sizes if s < P), None)
         if T is None or P <= _DIRECT:
             self.direct(lo, n_par, P)
@@ -103,7 +142,7 @@ class _Ctx:
             r0, h = j * T, min(T, P - j * T)
             if j:
                 self.rect(lo, n_par, P, r0, h)
-            if r0 + h < P:  # zeros right of the child block
+            if r0 + h < P and self.tgt is self.out and not self.zeroed:  # zeros right of the child block
                 self.view(lo, n_par, P, r0, h, r0 + h, P - r0 - h).zero_()
         full, rem = divmod(P, T)
         if n_par > 1 and rem:  # never happens: sizes divide each other
@@ -112,46 +151,55 @@ class _Ctx:
         if rem:
             self.square(lo + full * T, 1, rem, rest)
 
-    def blocks(self, t: Tensor, lo: int, n_par: int, P: int) -> Tensor:
-        """``t[..., lo + i·P + j]`` as ``[..., n_par, P]`` (a view)."""
-        return t[..., lo:lo + n_par * P].unflatten(-1, (n_par, P))
+    def leaf(self, lo: int, n_par: int, P: int, sizes: list[int]) -> None:
+        """The ``n_par`` diagonal blocks of ``P ≤`` :data:`_LEAF` rows at ``lo``, filled in a zeroed buffer (row
+        stride ``P``: block ``i`` at ``i·P(P+1)``) by the same recursion, then copied into ``out`` at once."""
+        buf = torch.zeros(self.c, n_par * P * (P + 1), device=self.out.device)
+        self.tgt, self.rs, self.org = buf, P, lo
+        try:
+            self.square(lo, n_par, P, sizes)
+        finally:
+            self.tgt, self.rs, self.org = self.out, self.L, 0
+        self.view(lo, n_par, P, 0, P, 0, P).copy_(buf.as_strided((self.c, n_par, P, P), (buf.stride(0), P * (P + 1), P, 1)))
+
+    def blocks(self, t: Tensor, lo: int, n_par: int, P: int, dim: int = -1) -> Tensor:
+        """``t[.., lo + i·P + j, ..]`` (along ``dim``) as ``[.., n_par, P, ..]`` (a view)."""
+        return t.narrow(dim, lo, n_par * P).unflatten(dim, (n_par, P))
 
     def rect(self, lo: int, n_par: int, P: int, r0: int, h: int) -> None:
-        """Rows ``[r0, r0+h)`` x keys ``[0, r0)`` of each parent block, one matmul over ``n`` per block; and
-        zeros in rows ``[r0, r0+h)`` x keys ``[r0+h, P)``."""
-        c, N = self.c, self.N
+        """Rows ``[r0, r0+h)`` x keys ``[0, r0)`` of each parent block, one matmul over ``n`` per block."""
         tau = self.blocks(self.tau, lo, n_par, P)  # [c, n_par, P] float64
+        Cb = self.blocks(self.C, lo, n_par, P, 0)  # [n_par, P, N]
         ref = tau[:, :, r0 - 1, None]  # τ just before the query block: [c, n_par, 1]
-        # query factor C_t exp(A (τ_t - τ_{r-1})): [c, n_par, h, N]
-        gq = (tau[:, :, r0:r0 + h] - ref).float()
-        qf = torch.mul(gq[..., None], self.A3.view(c, 1, 1, N), out=self.qbuf[:c * n_par * h * N].view(c, n_par, h, N))
-        qf.clamp_min_(_EXP_FLOOR).exp_().mul_(self.blocks(self.CT, lo, n_par, P)[:, :, r0:r0 + h].permute(1, 2, 0)
-                                              .contiguous())
-        # key factor B_s Δ_s exp(A (τ_{r-1} - τ_s)), keys s = block start .. r-1: [c, N, n_par, r0]
-        gk = (ref - tau[:, :, :r0]).float()
-        kf = torch.mul(gk[:, None], self.A3[..., None], out=self.kbuf[:c * n_par * N * r0].view(c, N, n_par, r0))
-        kf.clamp_min_(_EXP_FLOOR).exp_().mul_(self.blocks(self.bw, lo, n_par, P)[..., :r0])
+        # query factor C_t exp(A (τ_t - τ_{r-1})): [c, n_par, h, N]; key factor B_s Δ_s exp(A (τ_{r-1} - τ_s)),
+        # keys s = block start .. r-1: [c, n_par, r0, N]
+        qf = _factor((tau[:, :, r0:r0 + h] - ref).float()[..., None], self.A4, Cb[:, r0:r0 + h])
+        kf = _factor((ref - tau[:, :, :r0]).float()[..., None], self.A4, self.blocks(self.bw, lo, n_par, P, 1)[:, :, :r0])
         dst = self.view(lo, n_par, P, r0, h, 0, r0)
         if n_par == 1:
-            torch.bmm(qf[:, 0], kf[:, :, 0], out=dst[:, 0])  # straight into the output (strided rows)
+            torch.bmm(qf[:, 0], kf[:, 0].transpose(1, 2), out=dst[:, 0])  # straight into the target (strided rows)
         else:
-            dst.copy_(torch.matmul(qf, kf.transpose(1, 2)))
+            dst.copy_(torch.matmul(qf, kf.transpose(2, 3)))
 
     def direct(self, lo: int, n_par: int, P: int) -> None:
-        """Blocks of ``P`` rows on the diagonal, from the formula: Σ_n C_t B_s exp(A (τ_t - τ_s)) · Δ_s."""
-        c, N = self.c, self.N
+        """Blocks of ``P`` rows on the diagonal, from the formula: Σ_n C_t B_s exp(A (τ_t - τ_s)) · Δ_s for the
+        ``P (P - 1) / 2`` pairs ``s < t`` of a block, and Σ_n C_t B_t · Δ_t on its diagonal (into the target,
+        whose entries above the diagonal are zeros already)."""
+        rs = self.rs
+        Bb, Cb = (self.blocks(x, lo, n_par, P, 0) for x in (self.B, self.C))  # [n_par, P, N]
+        wb = self.blocks(self.wT, lo, n_par, P)  # [c, n_par, P]
+        self.view(lo, n_par, P, 0, P, 0, P).diagonal(0, 2, 3).copy_((Cb * Bb).sum(-1) * wb)
+        if P == 1:
+            return
+        ii, jj = torch.tril_indices(P, P, -1, device=self.tau.device)  # the pairs t > s of a block
         t = self.blocks(self.tau, lo, n_par, P)  # [c, n_par, P] float64
-        gap = (t[..., :, None] - t[..., None, :]).float().clamp_min_(0)  # [c, n_par, P, P]; s > t masked below
-        Cb, Bb = (self.blocks(x, lo, n_par, P) for x in (self.CT, self.BT))  # [N, n_par, P]
-        cb = Cb[..., :, None] * Bb[..., None, :]  # [N, n_par, P, P]: C_t[n] B_s[n]
-        acc = torch.zeros_like(gap)
-        e = torch.empty_like(gap)
-        for n in range(N):
-            torch.mul(gap, self.A3[:, n].view(c, 1, 1, 1), out=e)
-            acc.addcmul_(e.clamp_min_(_EXP_FLOOR).exp_(), cb[n])
-        acc.mul_(self.blocks(self.wT, lo, n_par, P)[:, :, None, :])
-        acc.masked_fill_(~torch.ones(P, P, dtype=torch.bool, device=acc.device).tril(), 0.0)
-        self.view(lo, n_par, P, 0, P, 0, P).copy_(acc)
+        gap = (t.index_select(2, ii) - t.index_select(2, jj)).float()[..., None]  # [c, n_par, p, 1]
+        e = _factor(gap, self.A4, Cb.index_select(1, ii) * Bb.index_select(1, jj))  # [c, n_par, p, N]
+        s = e.sum(-1).mul_(wb.index_select(2, jj))  # [c, n_par, p]
+        first = (lo - self.org) * (rs + 1)  # target offset of each block's (0, 0), block i at + i·P(rs + 1)
+        pos = first + torch.arange(n_par, device=ii.device)[:, None] * (P * (rs + 1)) + ii * rs + jj  # [n_par, p]
+        tg = self.tgt  # the leaf buffer [c, m]
+        tg.index_copy_(1, pos.flatten(), s.flatten(1))
 
 
 #: Prompt length from which query rows take :func:`rows_per_channel` (below it, the tiled path of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 import gather_aggregate.adapters.implied_mamba1_blocks as blocks
 from gather_aggregate.adapters.implied import mamba1_implied_attention, mamba1_implied_reference
+from gather_aggregate.adapters.implied_common import mapped_zeros
 
 REL = 1e-5
 
@@ -34,16 +37,69 @@ def inputs(b, L, d, n, dt_scale, seed):
 
 @settings(max_examples=40, deadline=None)
 @given(b=st.integers(1, 2), L=st.integers(1, 300), d=st.integers(1, 6), n=st.integers(1, 5),
-       dt_scale=st.sampled_from([0.01, 1.0, 30.0]), scaling=st.booleans(), seed=st.integers(0, 999))
-def test_full_per_channel_equals_reference(b, L, d, n, dt_scale, scaling, seed):
-    """Every level of the block hierarchy (L up to 300: four levels, partial blocks at each) matches the formula,
-    zeros above the diagonal included, with decays from negligible to far below the exp(-87) floor."""
+       dt_scale=st.sampled_from([0.01, 1.0, 30.0]), scaling=st.booleans(), zeroed=st.booleans(),
+       seed=st.integers(0, 999))
+def test_full_per_channel_equals_reference(b, L, d, n, dt_scale, scaling, zeroed, seed):
+    """Every level of the block hierarchy (L up to 300: four levels, partial blocks at each, leaves of 16 rows and
+    fewer) matches the formula, zeros above the diagonal included, with decays from negligible to far below the
+    exp(-35) factor floor; into an output of NaNs every entry must be written, into a zeroed one (``zeroed``)
+    those above the diagonal are left as they are."""
     dt, A, B, C = inputs(b, L, d, n, dt_scale, seed)
     ref = mamba1_implied_reference(dt, A, B, C, dt_scaling=scaling)
-    out = torch.full((b, d, L, L), float("nan"))  # every entry must be written
-    blocks.full_per_channel(dt, dt if scaling else torch.ones_like(dt), A, B, C, out)
+    out = torch.zeros(b, d, L, L) if zeroed else torch.full((b, d, L, L), float("nan"))
+    blocks.full_per_channel(dt, dt if scaling else torch.ones_like(dt), A, B, C, out, zeroed=zeroed)
     assert within_fp32(out, ref, mamba1_implied_reference(dt, A, B.abs(), C.abs(), dt_scaling=scaling))
     assert torch.equal(out.triu(1), torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("dt_scale", [1e-3, 1.0, 30.0])
+def test_full_per_channel_long_prompt_into_mapped_zeros(dt_scale):
+    """A long odd prompt (L = 601: blocks of 256, 64, 16 and 4 with partial ones at every level), two prompts,
+    into a zero-mapped output (as mamba1_implied_attention allocates it): tiny Δ (nothing decays), unit
+    Δ and large Δ (decays underflow within a few keys, factors floored) all match the formula."""
+    dt, A, B, C = inputs(2, 601, 2, 3, dt_scale, 7)
+    out = mapped_zeros((2, 2, 601, 601), dt.device)
+    assert out.untyped_storage().nbytes() >= 2 * 2 * 601 * 601 * 4 and not bool(out.any())
+    blocks.full_per_channel(dt, dt, A, B, C, out, zeroed=True)
+    ref = mamba1_implied_reference(dt, A, B, C)
+    assert within_fp32(out, ref, mamba1_implied_reference(dt, A, B.abs(), C.abs()))
+    assert rel(out, ref) <= REL and torch.equal(out.triu(1), torch.zeros_like(out))
+
+
+def test_full_per_channel_factors_stay_normal_floats():
+    """With large Δ most decays of the off-diagonal blocks are far below fp32's range: their factors are floored
+    at exp(-35), so every entry is 0 or a normal float (subnormal matmul operands or results run ~50x slower),
+    and each differs from the formula by less than exp(-35) times its Σ_n |C B| Δ."""
+    dt, A, B, C = inputs(1, 300, 3, 4, 30.0, 3)
+    out = torch.zeros(1, 3, 300, 300)
+    blocks.full_per_channel(dt, dt, A, B, C, out, zeroed=True)
+    tiny = (out != 0) & (out.abs() < torch.finfo(torch.float32).tiny)
+    assert not bool(tiny.any())
+    ref = mamba1_implied_reference(dt.double(), A.double(), B.double(), C.double())
+    mag = mamba1_implied_reference(dt.double(), A.double(), B.double().abs(), C.double().abs())
+    undecayed = (C[0].abs() @ B[0].abs().T).double()[None, None] * dt.double().transpose(1, 2)[:, :, None]
+    assert bool(((out.double() - ref).abs() <= 1.0001 * math.exp(-35) * undecayed + REL * mag).all())
+
+
+@pytest.mark.parametrize("L", [1, 2, 15, 16, 17, 65, 257])
+def test_public_full_per_channel_at_block_edges(L):
+    """mamba1_implied_attention's per-channel matrix (the zeroed output path) at lengths on and around the block
+    edges (one row; a leaf and a leaf plus one row; a level's blocks plus one), two prompts, against the formula."""
+    dt, A, B, C = inputs(2, L, 3, 4, 1.0, L)
+    got = mamba1_implied_attention(dt, A, B, C)
+    ref = mamba1_implied_reference(dt, A, B, C)
+    assert within_fp32(got, ref, mamba1_implied_reference(dt, A, B.abs(), C.abs()))
+    assert torch.equal(got.triu(1), torch.zeros_like(got))
+
+
+def test_mapped_zeros():
+    """Large CPU outputs come from an anonymous zero mapping (writable, freed with the tensor), small ones
+    and other devices from torch.zeros; both are float32 zeros of the shape asked for."""
+    for shape in [(3, 1024, 1024), (2, 3)]:
+        z = mapped_zeros(shape, torch.device("cpu"))
+        assert z.shape == shape and z.dtype == torch.float32 and z.is_contiguous() and not bool(z.any())
+        z.view(-1)[-1] = 5.0
+        assert float(z.sum()) == 5.0
 
 
 def test_full_per_channel_into_a_channel_slice():
