@@ -99,6 +99,23 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=False, dtype="bfloat16", _shards=4, _layers=("linear_attention", "full_attention"),
         _experts="num_experts", _mtp=True),
+    "deepseek-v2-lite": dict(  # deepseek-ai/DeepSeek-V2-Lite: multi-head latent attention (no query LoRA), 64
+        # routed experts top-6 + 2 shared, layer 0 dense. Widths as the model card/paper give them; yarn
+        # rope_scaling (factor 40, mscale 0.707 = mscale_all_dim: the softmax scale is multiplied by mscale^2),
+        # max_position_embeddings 163840, n_group/topk_group 1 and 4 shards are as third-party copies of its
+        # config.json give them (not verified here: no hub access). Left out: bos/eos 100000/100001 (outside a
+        # cut vocabulary), and scoring_func "softmax", moe_layer_freq 1, aux_loss_alpha, seq_aux (read only by
+        # its remote code; HF's class has softmax routing built in)
+        model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944, num_attention_heads=16,
+        num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, first_k_dense_replace=1, moe_intermediate_size=1408, n_routed_experts=64,
+        n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1, topk_method="greedy",
+        norm_topk_prob=False, routed_scaling_factor=1.0, vocab_size=102400, rms_norm_eps=1e-6,
+        max_position_embeddings=163840,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "original_max_position_embeddings": 4096},
+        tie_word_embeddings=False, dtype="bfloat16", _shards=4, _experts="n_routed_experts"),
 }
 # Departures from the shipped files, forced by 1-2 layers: Jamba's attention period/offset are 8/4 and
 # Bamba's attention layers 9/18/27 (here layer 0 resp. 1 is attention so both kinds appear); Jamba keeps
