@@ -292,3 +292,41 @@ def test_a_latent_attention_whose_o_proj_is_not_heads_times_v_head_dim_is_refuse
     split = o.hook_in.hook_conversion.convert(z)
     assert tuple(split.shape) == (1, 2, 2, 6) and torch.equal(split[0, 1, 1], z[0, 1, 6:])  # head 1: its own slice
     assert torch.equal(o.hook_in.hook_conversion.revert(split), z)
+
+
+def test_a_saved_deepseek_v3_dir_with_its_tokenizer_loads_and_the_cli_scan_is_hf_head_by_head(tmp_path):
+    """``load_model(dir)`` of a ``save_pretrained`` DeepSeek-V3 (query LoRA, interleaved rotary, value heads wider
+    than the rotary ones, a dense layer then MoE layers) with its tokenizer beside it, and ``gather-aggregate scan
+    --model DIR``: every head's ablated metric is HF's with that head's value slice zeroed."""
+    import json
+
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from gather_aggregate import load_model
+    from gather_aggregate.cli import main
+    from gather_aggregate.tasks.metric import task_metric
+    from gather_aggregate.tasks.registry import get_task
+    from gather_aggregate.testing import bpe_tokenizer, save_model_dir
+
+    tok = bpe_tokenizer()
+    cfg = DeepseekV3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+                           q_lora_rank=24, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=20, n_routed_experts=4,
+                           num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                           rope_interleave=True, max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    d = save_model_dir(DeepseekV3ForCausalLM(cfg).eval(), tok, tmp_path / "v3")
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    model = load_model(d, dtype="float32")
+    assert model.tokenizer is not None and [info.d_head for info in model.layers] == [20] * 3
+    examples = get_task("kv", n_pairs=4).examples(model.tokenizer, n=4, seed=0)
+    tokens, metric = task_metric(model, examples)
+    with torch.no_grad():
+        assert float((model(tokens) - hf_logits(hf, tokens)).abs().max()) <= TOL
+    assert main(["scan", "--model", str(d), "--task", "kv", "--n", "4", "--dict-size", "4", "--no-progress",
+                 "--out", str(tmp_path / "out")]) == 0
+    rows = json.loads((tmp_path / "out" / "scan.json").read_text())["rows"]
+    assert len(rows) == 12
+    for r in rows:
+        want = float(metric(hf_logits(hf, tokens, r["layer"], r["head"], d_head=20)))
+        assert abs(r["metric_ablated"] - want) <= TOL, r
