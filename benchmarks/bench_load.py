@@ -41,7 +41,7 @@ CUTS: dict[str, dict] = {
     "llama-3.1-8b": {"vocab": 32000}, "bamba-9b": {"vocab": 32000}, "jamba-v0.1": {"vocab": 16384, "n_experts": 3},
     "llamba-8b": {"vocab": 32000}, "nemotron-h-8b": {"vocab": 32000, "n_layers": 3},
     "granite-4.0-h-tiny": {"n_experts": None}, "qwen3-next-80b-a3b": {"vocab": 32000, "n_experts": 64},
-    "falcon-h1-7b": {"vocab": 32000}, "deepseek-v2-lite": {"vocab": 32000, "n_experts": 16}}
+    "falcon-h1-7b": {"vocab": 32000}, "deepseek-v2-lite": {"vocab": 32000, "n_experts": 64}}
 
 
 def _label(name: str) -> str:

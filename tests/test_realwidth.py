@@ -48,7 +48,7 @@ SLOW = [
     ("granite-4.0-h-tiny", dict(n_layers=2, n_experts=None)),
     ("qwen3-next-80b-a3b", dict(n_layers=2, vocab=32000, n_experts=64)),
     ("falcon-h1-7b", dict(n_layers=2, vocab=32000)),
-    ("deepseek-v2-lite", dict(n_layers=2, vocab=32000, n_experts=16)),  # layer 0 dense, layer 1 MoE
+    ("deepseek-v2-lite", dict(n_layers=2, vocab=32000, n_experts=64)),  # layer 0 dense, layer 1 MoE (all experts)
 ]
 
 
