@@ -70,7 +70,11 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
     from transformers import AutoModelForCausalLM
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, build_glob_alternation, revert_weight_conversion
+    from transformers.core_model_loading import (
+        WeightConverter,
+        build_glob_alternation,
+        revert_weight_conversion,
+    )
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
     from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype
@@ -88,9 +92,11 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     if not converters or any(not p.is_meta for p in model.parameters()):
         return None
     state = remove_tied_weights_from_state_dict(model.state_dict(), model)
-    sources, used = {}, set()
+    sources: dict[str, Any] = {}
+    used: set[str] = set()
     for key, t in state.items():
         names = list(revert_weight_conversion(model, {key: t}))
+        src: Any
         if key in ckpt:
             src, names = ckpt[key], [key]
         else:  # fused experts (a single expert reverts to one name too), else HF's rename
