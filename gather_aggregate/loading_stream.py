@@ -65,29 +65,13 @@ def _fused_sources(key: str, names: list[str], converter: Any, ckpt: Any) -> Any
     return StackedTensor([[rows[e][j] for j in range(len(patterns))] for e in range(len(rows))])
 
 
-def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
-    """An HF ``AutoModelForCausalLM`` of ``source`` read tensor by tensor, or ``None`` where this does not apply
-    (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
-    from transformers import AutoModelForCausalLM
+def _sources(model: Any, ckpt: Any) -> dict[str, Any] | None:
+    """Parameter / persistent-buffer name -> its stored tensor (or stacked experts), or ``None`` where any name is
+    not mapped exactly or a stored tensor would be left unused (and is not one HF ignores)."""
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import (
-        WeightConverter,
-        build_glob_alternation,
-        revert_weight_conversion,
-    )
+    from transformers.core_model_loading import WeightConverter, revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
-    from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype
-
-    d = Path(source)
-    if not d.is_dir() or getattr(config, "quantization_config", None) is not None:
-        return None
-    ckpt = Checkpoint(d)
-    if any(f.suffix != ".safetensors" for f in ckpt.files):
-        return None
-    dtype = resolve_dtype(dtype, config, ckpt)
-    with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     converters = [c for c in get_model_conversion_mapping(model) if isinstance(c, WeightConverter)]
     if not converters or any(not p.is_meta for p in model.parameters()):
         return None
@@ -109,6 +93,32 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
     if any(k not in used and not any(p.search(k) for p in ignored) for k in ckpt):
         return None
+    return sources
+
+
+def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
+    """An HF ``AutoModelForCausalLM`` of ``source`` read tensor by tensor, or ``None`` where this does not apply
+    (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import build_glob_alternation
+
+    from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype
+
+    d = Path(source)
+    if not d.is_dir() or getattr(config, "quantization_config", None) is not None:
+        return None
+    ckpt = Checkpoint(d)
+    if any(f.suffix != ".safetensors" for f in ckpt.files):
+        return None
+    dtype = resolve_dtype(dtype, config, ckpt)
+    try:  # a class that cannot be built with meta parameters, or a mapping HF cannot revert: from_pretrained's
+        with _parameters_on_meta():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        sources = _sources(model, ckpt)
+    except Exception:  # noqa: BLE001 - anything unexpected here falls back to HF's own load, which then decides
+        return None
+    if sources is None:
+        return None
     plan = model._get_dtype_plan(dtype)  # HF's keep-in-fp32 modules (DeepSeek-V3's router bias in bf16)
     fp32 = build_glob_alternation(list(plan))[0] if plan else None
     with torch.no_grad():
@@ -125,7 +135,7 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
             else:
                 module._buffers[attr] = t
     model.tie_weights()
-    config.dtype = dtype
+    model.config.dtype = dtype
     return model.eval()
 
 

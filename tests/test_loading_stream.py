@@ -53,6 +53,7 @@ def test_streamed_equals_from_pretrained_bit_for_bit(family, tmp_path):
         for k in a:
             assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (family, dtype, k)
         assert not ours.training and ours.config._attn_implementation == ref.config._attn_implementation
+        assert ours.config.dtype == ref.config.dtype == dtype
 
 
 def test_load_model_takes_the_streamed_path_and_equals_hf(tmp_path, monkeypatch):
