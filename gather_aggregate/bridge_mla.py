@@ -84,8 +84,8 @@ def mla_at_rows(attn: Any, rotary: Any, x: Any, rows: Any) -> Any:
 
     names = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj", "qk_nope_head_dim", "qk_rope_head_dim",
              "v_head_dim", "kv_lora_rank", "scaling")
-    if not all(hasattr(attn, n) for n in names) or (getattr(attn, "q_proj", None) is None
-                                                    and getattr(attn, "q_b_proj", None) is None):
+    if not all(hasattr(attn, n) for n in names) or (getattr(attn, "q_proj", None) is None and getattr(
+            attn, "q_b_proj", None) is None) or getattr(attn, "indexer", None) is not None:  # GLM-5's sparse keys
         return None
     b, n_pos, _ = x.shape
     nope, rope, v_dim = attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim
