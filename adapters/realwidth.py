@@ -99,7 +99,31 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=False, dtype="bfloat16", _shards=4, _layers=("linear_attention", "full_attention"),
         _experts="num_experts", _mtp=True),
+    "deepseek-v2-lite": dict(  # deepseek-ai/DeepSeek-V2-Lite: multi-head latent attention (no query LoRA), 64
+        # routed experts top-6 + 2 shared, layer 0 dense. Widths as the model card/paper give them; yarn
+        # rope_scaling (factor 40, mscale 0.707 = mscale_all_dim: the softmax scale is multiplied by mscale^2),
+        # max_position_embeddings 163840, n_group/topk_group 1 and 4 shards are as third-party copies of its
+        # config.json give them (not verified here: no hub access). Left out: bos/eos 100000/100001 (outside a
+        # cut vocabulary), and scoring_func "softmax", moe_layer_freq 1, aux_loss_alpha, seq_aux (read only by
+        # its remote code; HF's class has softmax routing built in)
+        model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944, num_attention_heads=16,
+        num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, first_k_dense_replace=1, moe_intermediate_size=1408, n_routed_experts=64,
+        n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1, topk_method="greedy",
+        norm_topk_prob=False, routed_scaling_factor=1.0, vocab_size=102400, rms_norm_eps=1e-6,
+        max_position_embeddings=163840,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "original_max_position_embeddings": 4096},
+        tie_word_embeddings=False, dtype="bfloat16", _shards=4, _experts="n_routed_experts",
+        _release_json={"auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
+                                    "AutoModel": "modeling_deepseek.DeepseekV2Model",
+                                    "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"},
+                       "aux_loss_alpha": 0.001, "moe_layer_freq": 1, "scoring_func": "softmax", "seq_aux": True}),
 }
+# ``_release_json``: config.json is rewritten in the released file's transformers-4 spelling (``rope_theta`` and
+# ``rope_scaling`` with ``type``, ``torch_dtype``, no derived ``head_dim``/``qk_head_dim``) with these keys of its
+# remote code added (HF's class loads it without ``trust_remote_code`` and ignores them).
 # Departures from the shipped files, forced by 1-2 layers: Jamba's attention period/offset are 8/4 and
 # Bamba's attention layers 9/18/27 (here layer 0 resp. 1 is attention so both kinds appear); Jamba keeps
 # ``n_experts`` experts (default 4 of 16) so a 2-layer model stays under the memory budget here. Nemotron-H's
@@ -270,11 +294,25 @@ def write_checkpoint(name: str, directory: str | Path, *, n_layers: int = 2, voc
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     config.dtype = torch_dtype
     config.save_pretrained(d)
+    if "_release_json" in spec:
+        _release_spelling(d / "config.json", spec["_release_json"])
     if spec.get("_mtp"):  # Qwen3-Next's multi-token-prediction head: shipped, dropped by HF and by us
         h = config.hidden_size
         shapes.update({"mtp.fc.weight": (h, 2 * h), "mtp.norm.weight": (h,), "mtp.pre_fc_norm_hidden.weight": (h,)})
     _write_shards(d, shapes, shards if shards is not None else spec.get("_shards", 1), torch_dtype, gen)
     return d
+
+
+def _release_spelling(path: Path, extra: dict[str, Any]) -> None:
+    """Rewrite a ``save_pretrained`` config.json the way a transformers-4 release spells it (see ``_release_json``)."""
+    raw = json.loads(path.read_text())
+    rope = dict(raw.pop("rope_parameters"))
+    theta, kind = rope.pop("rope_theta"), rope.pop("rope_type")
+    for derived in ("head_dim", "qk_head_dim"):
+        raw.pop(derived, None)
+    raw.update(rope_theta=theta, rope_scaling=None if kind == "default" else {"type": kind, **rope},
+               torch_dtype=raw.pop("dtype"), **extra)
+    path.write_text(json.dumps(raw, indent=2))
 
 
 def hf_reference(name: str, directory: str | Path, *, dtype: torch.dtype = torch.float32, n_layers: int = 2,

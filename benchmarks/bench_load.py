@@ -34,14 +34,14 @@ import time
 from pathlib import Path
 
 FAMILIES = ("falcon-mamba-7b", "mamba2-2.7b", "zamba2-7b", "jamba-v0.1", "bamba-9b", "llama-3.1-8b", "llamba-8b",
-            "nemotron-h-8b", "granite-4.0-h-tiny", "qwen3-next-80b-a3b", "falcon-h1-7b")
+            "nemotron-h-8b", "granite-4.0-h-tiny", "qwen3-next-80b-a3b", "falcon-h1-7b", "deepseek-v2-lite")
 #: cuts that keep every fp32 child under ~4 GiB on this 24 GiB machine shared by several workers (Nemotron-H's
 #: blocks hold one mixer each: 3 blocks, one Mamba-2, one attention, one MLP)
 CUTS: dict[str, dict] = {
     "llama-3.1-8b": {"vocab": 32000}, "bamba-9b": {"vocab": 32000}, "jamba-v0.1": {"vocab": 16384, "n_experts": 3},
     "llamba-8b": {"vocab": 32000}, "nemotron-h-8b": {"vocab": 32000, "n_layers": 3},
     "granite-4.0-h-tiny": {"n_experts": None}, "qwen3-next-80b-a3b": {"vocab": 32000, "n_experts": 64},
-    "falcon-h1-7b": {"vocab": 32000}}
+    "falcon-h1-7b": {"vocab": 32000}, "deepseek-v2-lite": {"vocab": 32000, "n_experts": 64}}
 
 
 def _label(name: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.bridge_mla import split_mla_heads
+from gather_aggregate.bridge_mla import mla_at_rows, split_mla_heads
 from gather_aggregate.checks import is_cache
 from gather_aggregate.errors import InputError, UnsupportedModelError
 from gather_aggregate.hook_checks import check_cache_names, check_hook_names, checked_hooks
@@ -353,7 +353,8 @@ class BridgeModel(ProtocolMixin):
         """Attention output of ``layer`` at query positions ``rows`` (``[batch, k]``) only, from the layer's input:
         keys and values at every position, queries, scores and outputs at the ``k`` rows.  Llama-family attention
         (q/k/v/o projections, the model's full-width rotary embedding, no q/k norms, logit soft-capping, q/k/v
-        clipping or attention sinks) only; ``None`` for any other.  A sliding window ``w`` (the layer's, or the
+        clipping or attention sinks) and multi-head latent attention (:func:`~gather_aggregate.bridge_mla.mla_at_rows`)
+        only; ``None`` for any other.  A sliding window ``w`` (the layer's, or the
         config's where ``layer_types`` is absent or marks the layer ``sliding_attention``, as HF's mask builder
         does) keeps keys ``q - w < k <= q``.  The exact scan compares it with the full forward on every run before
         using it."""
@@ -363,6 +364,8 @@ class BridgeModel(ProtocolMixin):
         block = self.module.blocks[L]
         attn = getattr(block.attn, "original_component", None)
         rotary = getattr(getattr(getattr(self.module, "original_model", None), "model", None), "rotary_emb", None)
+        if hasattr(attn, "kv_b_proj") and rotary is not None and hasattr(block, "ln1"):  # latent attention
+            return mla_at_rows(attn, rotary, block.ln1(resid_pre), rows)
         needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
         unhandled = ("q_norm", "k_norm", "attn_logit_softcapping", "sinks")
         if (attn is None or rotary is None or not hasattr(block, "ln1") or not all(hasattr(attn, n) for n in needed)

@@ -1,5 +1,6 @@
 """Multi-head latent attention (DeepSeek-V2/V3, GLM-4-MoE-Lite, Youtu) under TransformerLens 4.3's bridge: its
-per-head output ``hook_z`` split into value heads (:func:`split_mla_heads`).
+per-head output ``hook_z`` split into value heads (:func:`split_mla_heads`), and its output at a few query rows
+alone (:func:`mla_at_rows`, the exact scan's readout-rows finish).
 
 MLA's value heads (``v_head_dim``) are narrower or wider than its query/key heads (``qk_nope_head_dim +
 qk_rope_head_dim``), and TL's config scalar ``d_head`` is HF's ``head_dim`` (= ``qk_rope_head_dim``): neither is the
@@ -55,4 +56,56 @@ def split_mla_heads(bridge: Any) -> dict[int, int]:
     return out
 
 
-__all__ = ["split_mla_heads"]
+def _rotate(x: Any, emb: Any, interleave: bool) -> Any:
+    """RoPE on ``x`` (``[batch, pos, head, d]``) at the positions of ``emb``: DeepSeek-V2's complex frequencies
+    (``[batch, pos, d / 2]``, rotating pairs ``(x0, x1), ...``), or V3's ``(cos, sin)`` (``[batch, pos, d]``) on
+    interleaved pairs (out: the pairs' first then second parts, as HF's) or on halves (``rotate_half``)."""
+    import torch
+
+    if isinstance(emb, torch.Tensor):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * emb[:, :, None]).flatten(-2).type_as(x)
+    cos, sin = emb[0][:, :, None], emb[1][:, :, None]
+    if interleave:
+        cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def mla_at_rows(attn: Any, rotary: Any, x: Any, rows: Any) -> Any:
+    """Multi-head latent attention's output at query positions ``rows`` (``[batch, k]``) only, from the normed layer
+    input ``x`` (``[batch, pos, d_model]``): latent keys and values at every position, queries, scores and outputs at
+    the ``k`` rows (HF's DeepSeek-V2/V3 attention: query LoRA or not, RoPE on the ``qk_rope_head_dim`` part only,
+    complex, interleaved or half-split, the module's ``scaling`` with yarn's mscale).  ``None`` for a module that
+    is not written so (the exact scan checks it against the full forward before using it)."""
+    import torch
+
+    names = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj", "qk_nope_head_dim", "qk_rope_head_dim",
+             "v_head_dim", "kv_lora_rank", "scaling")
+    if not all(hasattr(attn, n) for n in names) or (getattr(attn, "q_proj", None) is None and getattr(
+            attn, "q_b_proj", None) is None) or getattr(attn, "indexer", None) is not None:  # GLM-5's sparse keys
+        return None
+    b, n_pos, _ = x.shape
+    nope, rope, v_dim = attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim
+    at = torch.arange(b, device=x.device)[:, None]
+    xr = x[at, rows]
+    q = attn.q_proj(xr) if getattr(attn, "q_proj", None) is not None else attn.q_b_proj(
+        attn.q_a_layernorm(attn.q_a_proj(xr)))
+    q_pass, q_rot = q.view(b, rows.shape[1], -1, nope + rope).split([nope, rope], dim=-1)  # [batch, k, head, d]
+    latent, k_rot = attn.kv_a_proj_with_mqa(x).split([attn.kv_lora_rank, rope], dim=-1)
+    k_pass, v = attn.kv_b_proj(attn.kv_a_layernorm(latent)).view(b, n_pos, -1, nope + v_dim).split([nope, v_dim], -1)
+    emb = rotary(x, torch.arange(n_pos, device=x.device)[None].expand(b, n_pos))
+    interleave = bool(getattr(getattr(attn, "config", None), "rope_interleave", False))
+    at_rows = emb[at, rows] if isinstance(emb, torch.Tensor) else (emb[0][at, rows], emb[1][at, rows])
+    q = torch.cat([q_pass, _rotate(q_rot, at_rows, interleave)], dim=-1)
+    k_rot = _rotate(k_rot[:, :, None], emb, interleave).expand(-1, -1, k_pass.shape[2], -1)
+    k = torch.cat([k_pass, k_rot], dim=-1)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * attn.scaling
+    causal = torch.arange(n_pos, device=x.device)[None, None, :] <= rows[:, :, None]
+    pattern = torch.softmax(scores.masked_fill(~causal[:, None], float("-inf")).float(), dim=-1).to(v.dtype)
+    return attn.o_proj(torch.einsum("bhqk,bkhd->bqhd", pattern, v).reshape(b, rows.shape[1], -1))
+
+
+__all__ = ["split_mla_heads", "mla_at_rows"]

@@ -389,6 +389,13 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
         from gather_aggregate.adapters.streaming import weight_files
 
         weight_files(Path(source))
+    from gather_aggregate.loading_stream import stream_fused_experts
+
+    # MoE experts that HF fuses at load time: read straight into the fused tensors (HF's copies peaked at 1.9x)
+    hf = None if device_map is not None else _weights(lambda: stream_fused_experts(source, config, dtype), source)
+    if hf is not None:
+        return BridgeModel.from_hf(hf if device is None else hf.to(device), tok, copy_model=False,
+                                   name=str(name_or_path))
     try:
         hf, info = _weights(lambda: AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype or "auto", output_loading_info=True,

@@ -22,7 +22,7 @@ MAX_LINES = 500
 #: Names are module paths below ``gather_aggregate`` (a package name covers every module in it).
 LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("_lazy", "errors", "checks", "indices", "io", "session", "hook_checks", "protocol", "readout", "metrics"),
-    "tasks/models": ("tasks", "adapters", "loading", "loading_checks", "support", "bridge_mla", "bridge", "zoo", "testing", "hybridise.config",
+    "tasks/models": ("tasks", "adapters", "loading", "loading_checks", "loading_stream", "support", "bridge_mla", "bridge", "zoo", "testing", "hybridise.config",
                      "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
     "interventions": ("interventions", "layer_resume", "distributed"),
     "analysis": ("rankings", "scan_result", "scan", "patching", "attribution_paths", "attribution_star", "attribution_coreset", "attribution", "detect",

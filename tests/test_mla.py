@@ -137,6 +137,7 @@ def test_exact_scan_equals_hf_head_ablations_and_resumes_inside_every_layer(name
         logits, cache = model.run_with_cache(toks, names_filter=layer_resume.cache_names(model, how))
     kept = layer_resume.verify(model, cache, how, logits)
     assert all(spec is not None for spec in kept.values()), kept  # the o_proj shortcut holds in every layer
+    assert kept[model.n_layers - 1].at_rows  # the readout scan ran the last attention at the read rows alone
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -292,3 +293,85 @@ def test_a_latent_attention_whose_o_proj_is_not_heads_times_v_head_dim_is_refuse
     split = o.hook_in.hook_conversion.convert(z)
     assert tuple(split.shape) == (1, 2, 2, 6) and torch.equal(split[0, 1, 1], z[0, 1, 6:])  # head 1: its own slice
     assert torch.equal(o.hook_in.hook_conversion.revert(split), z)
+
+
+def test_a_saved_deepseek_v3_dir_with_its_tokenizer_loads_and_the_cli_scan_is_hf_head_by_head(tmp_path):
+    """``load_model(dir)`` of a ``save_pretrained`` DeepSeek-V3 (query LoRA, interleaved rotary, value heads wider
+    than the rotary ones, a dense layer then MoE layers) with its tokenizer beside it, and ``gather-aggregate scan
+    --model DIR``: every head's ablated metric is HF's with that head's value slice zeroed."""
+    import json
+
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from gather_aggregate import load_model
+    from gather_aggregate.cli import main
+    from gather_aggregate.tasks.metric import task_metric
+    from gather_aggregate.tasks.registry import get_task
+    from gather_aggregate.testing import bpe_tokenizer, save_model_dir
+
+    tok = bpe_tokenizer()
+    cfg = DeepseekV3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+                           q_lora_rank=24, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=20, n_routed_experts=4,
+                           num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                           rope_interleave=True, max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    d = save_model_dir(DeepseekV3ForCausalLM(cfg).eval(), tok, tmp_path / "v3")
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    model = load_model(d, dtype="float32")
+    assert model.tokenizer is not None and [info.d_head for info in model.layers] == [20] * 3
+    examples = get_task("kv", n_pairs=4).examples(model.tokenizer, n=4, seed=0)
+    tokens, metric = task_metric(model, examples)
+    with torch.no_grad():
+        assert float((model(tokens) - hf_logits(hf, tokens)).abs().max()) <= TOL
+    assert main(["scan", "--model", str(d), "--task", "kv", "--n", "4", "--dict-size", "4", "--no-progress",
+                 "--out", str(tmp_path / "out")]) == 0
+    rows = json.loads((tmp_path / "out" / "scan.json").read_text())["rows"]
+    assert len(rows) == 12
+    for r in rows:
+        want = float(metric(hf_logits(hf, tokens, r["layer"], r["head"], d_head=20)))
+        assert abs(r["metric_ablated"] - want) <= TOL, r
+
+
+def _rows_equal_full(model, toks, rows):
+    """The largest gap between the attention at ``rows`` alone (``mixer_at_rows``) and the full attention's rows."""
+    worst = 0.0
+    with torch.no_grad():
+        _, cache = model.run_with_cache(toks)
+        for L in range(model.n_layers):
+            got = model.mixer_at_rows(cache[model.resid_hook(L)], rows, L)
+            assert got is not None, L
+            want = cache[f"blocks.{L}.hook_attn_out"][torch.arange(toks.shape[0])[:, None], rows]
+            worst = max(worst, float((got - want).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_at_the_readout_rows_alone_is_the_full_attention_there(name, loaded):
+    _, model, toks, _ = loaded(name)
+    assert _rows_equal_full(model, toks, torch.tensor([[0, N_POS - 1], [5, 2]])) <= 1e-5
+
+
+@pytest.mark.parametrize("family,interleave", [("deepseek_v2", False), ("deepseek_v3", True), ("deepseek_v3", False)])
+def test_attention_at_the_readout_rows_alone_with_yarn_rope(family, interleave):
+    """DeepSeek-V2-Lite's and V3's yarn rope (its attention scale times mscale², its cos/sin times its factor)."""
+    import transformers
+
+    from gather_aggregate import from_hf_model
+
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 16}
+    extra = {"rope_interleave": interleave} if family == "deepseek_v3" else {}
+    cfg = getattr(transformers, "DeepseekV3Config" if family == "deepseek_v3" else "DeepseekV2Config")(
+        vocab_size=64, hidden_size=48, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=12, q_lora_rank=None if interleave else 20,
+        qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=14, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, max_position_embeddings=640,
+        rope_parameters=yarn, **extra)
+    torch.manual_seed(0)
+    hf = getattr(transformers, "DeepseekV3ForCausalLM" if family == "deepseek_v3" else "DeepseekV2ForCausalLM")(cfg)
+    model = from_hf_model(hf.eval())
+    toks = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert float((model(toks) - hf_logits(hf, toks)).abs().max()) <= TOL
+    assert _rows_equal_full(model, toks, torch.tensor([[0, 39], [31, 17]])) <= 1e-5
