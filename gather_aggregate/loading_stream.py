@@ -100,7 +100,6 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     """An HF ``AutoModelForCausalLM`` of ``source`` read tensor by tensor, or ``None`` where this does not apply
     (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
     from transformers import AutoModelForCausalLM
-    from transformers.core_model_loading import build_glob_alternation
 
     from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype
 
@@ -111,16 +110,19 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     if any(f.suffix != ".safetensors" for f in ckpt.files):
         return None
     dtype = resolve_dtype(dtype, config, ckpt)
-    try:  # a class that cannot be built with meta parameters, or a mapping HF cannot revert: from_pretrained's
+    try:  # a class that cannot be built with meta parameters, a mapping HF cannot revert, or a transformers
+        # without the private helpers used here: from_pretrained's
+        from transformers.core_model_loading import build_glob_alternation
+
         with _parameters_on_meta():
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         sources = _sources(model, ckpt)
+        plan = model._get_dtype_plan(dtype)  # HF's keep-in-fp32 modules (DeepSeek-V3's router bias in bf16)
+        fp32 = build_glob_alternation(list(plan))[0] if plan else None
     except Exception:  # noqa: BLE001 - anything unexpected here falls back to HF's own load, which then decides
         return None
     if sources is None:
         return None
-    plan = model._get_dtype_plan(dtype)  # HF's keep-in-fp32 modules (DeepSeek-V3's router bias in bf16)
-    fp32 = build_glob_alternation(list(plan))[0] if plan else None
     with torch.no_grad():
         for key, src in sources.items():
             owner, _, attr = key.rpartition(".")
