@@ -138,6 +138,14 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
                 module._buffers[attr] = t
     model.tie_weights()
     model.config.dtype = dtype
+    if model.can_generate():  # as from_pretrained: the directory's generation_config.json (TL's generate reads it)
+        from transformers import GenerationConfig
+
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(d)
+        except OSError:  # none: the one HF derives from config.json
+            model.generation_config = GenerationConfig.from_pretrained(d, config_file_name="config.json",
+                                                                       _from_model_config=True)
     return model.eval()
 
 
