@@ -67,7 +67,11 @@ def nnls(A: Tensor, b: Tensor, tol: float = 1e-10) -> Tensor:
 def choose_prompts(S: Tensor, k: int) -> tuple[list[int], Tensor]:
     """``k`` prompts (rows of ``S [prompts, heads]``) chosen greedily, and their weights, so that the weighted rows
     match the mean row, each column scaled by its spread over the prompts.  Where no weight comes out positive
-    (estimates that are all zero), the chosen prompts are weighted alike."""
+    (estimates that are all zero), the chosen prompts are weighted alike.  ``k`` of ``n`` prompts or more: every
+    prompt, each weighted ``1 / n``, so that the correction is the exact scan (the fit alone has many solutions
+    where there are fewer heads than prompts, or equal rows, and it put 0 on some prompts)."""
+    if k >= S.shape[0]:
+        return list(range(S.shape[0])), torch.full((S.shape[0],), 1.0 / S.shape[0], dtype=torch.float64)
     F = (S / (S.std(0, correction=0) + 1e-6)).double()
     target = F.mean(0)
     chosen: list[int] = []

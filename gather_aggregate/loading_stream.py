@@ -101,14 +101,14 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
     from transformers import AutoModelForCausalLM
 
-    from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype
+    from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype, weight_files
 
     d = Path(source)
     if not d.is_dir() or getattr(config, "quantization_config", None) is not None:
         return None
-    ckpt = Checkpoint(d)
-    if any(f.suffix != ".safetensors" for f in ckpt.files):
+    if any(f.suffix != ".safetensors" for f in weight_files(d)[0]):  # before any is opened: .bin is HF's to read
         return None
+    ckpt = Checkpoint(d)
     dtype = resolve_dtype(dtype, config, ckpt)
     try:  # a class that cannot be built with meta parameters, a mapping HF cannot revert, or a transformers
         # without the private helpers used here: from_pretrained's
@@ -138,6 +138,14 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
                 module._buffers[attr] = t
     model.tie_weights()
     model.config.dtype = dtype
+    if model.can_generate():  # as from_pretrained: the directory's generation_config.json (TL's generate reads it)
+        from transformers import GenerationConfig
+
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(d)
+        except OSError:  # none: the one HF derives from config.json
+            model.generation_config = GenerationConfig.from_pretrained(d, config_file_name="config.json",
+                                                                       _from_model_config=True)
     return model.eval()
 
 

@@ -96,3 +96,36 @@ def test_what_it_cannot_map_exactly_goes_back_to_from_pretrained(tmp_path):
     (d / "config.json").write_text(json.dumps({**raw, "quantization_config": {"quant_method": "fp8"}}))
     assert stream_fused_experts(d, _config(d), torch.float32) is None
 
+
+
+def test_the_checkpoints_generation_config_is_read_as_from_pretrained_reads_it(tmp_path):
+    """TL's generate reads the HF model's ``generation_config`` (min_length, forced EOS, n-gram ban): the streamed
+    model takes the directory's generation_config.json, or, without one, the one HF derives from config.json."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    case = _saved("qwen3_moe", tmp_path)
+    GenerationConfig(eos_token_id=[5, 7], bos_token_id=1, do_sample=True, temperature=0.6, min_length=3,
+                     no_repeat_ngram_size=2).save_pretrained(tmp_path)
+    for present in (True, False):
+        if not present:
+            (tmp_path / "generation_config.json").unlink()
+        ours = stream_fused_experts(tmp_path, _config(tmp_path), torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+        assert ours.generation_config.to_dict() == ref.generation_config.to_dict(), (present, case.family)
+    assert ref.generation_config.eos_token_id != [5, 7]  # the second case really read config.json
+
+
+def test_a_pytorch_bin_checkpoint_goes_back_to_from_pretrained_without_being_read(tmp_path, monkeypatch):
+    """Only safetensors are streamed: .bin shards are not opened here (a legacy, non-zip .bin cannot be memory-mapped
+    and was read whole, then read again by from_pretrained)."""
+    import gather_aggregate.adapters.streaming as streaming
+
+    case = _saved("qwen3_moe", tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(case.hf.state_dict(), tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+
+    def opened(*_a, **_k):
+        raise AssertionError("a .bin shard was read")
+
+    monkeypatch.setattr(streaming._BinReader, "__init__", opened)
+    assert stream_fused_experts(tmp_path, _config(tmp_path), torch.float32) is None
