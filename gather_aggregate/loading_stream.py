@@ -96,6 +96,20 @@ def _sources(model: Any, ckpt: Any) -> dict[str, Any] | None:
     return sources
 
 
+def _fuses_weights(config: Any) -> bool:
+    """Whether transformers registers a weight fusion (a ``WeightConverter``, e.g. stacked experts) for the config's
+    class or model type: without one there is nothing to stream, and a dense model is not built twice (about 1 s
+    at an 8B Llama's widths).  Unknown (a transformers without these helpers): False, so from_pretrained loads."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+
+        names = [*(getattr(config, "architectures", None) or []), getattr(config, "model_type", None)]
+        return any(isinstance(c, WeightConverter) for n in names if n for c in get_checkpoint_conversion_mapping(n) or [])
+    except Exception:  # noqa: BLE001 - private helpers of transformers: any failure means "use from_pretrained"
+        return False
+
+
 def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     """An HF ``AutoModelForCausalLM`` of ``source`` read tensor by tensor, or ``None`` where this does not apply
     (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
@@ -104,7 +118,7 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype, weight_files
 
     d = Path(source)
-    if not d.is_dir() or getattr(config, "quantization_config", None) is not None:
+    if not d.is_dir() or getattr(config, "quantization_config", None) is not None or not _fuses_weights(config):
         return None
     if any(f.suffix != ".safetensors" for f in weight_files(d)[0]):  # before any is opened: .bin is HF's to read
         return None

@@ -76,13 +76,21 @@ def test_load_model_takes_the_streamed_path_and_equals_hf(tmp_path, monkeypatch)
         assert float((model(case.tokens) - hf_logits(hf, case.tokens)).abs().max()) <= 1e-4
 
 
-def test_what_it_cannot_map_exactly_goes_back_to_from_pretrained(tmp_path):
+def test_what_it_cannot_map_exactly_goes_back_to_from_pretrained(tmp_path, monkeypatch):
+    import transformers
     from safetensors.torch import load_file, save_file
 
     from gather_aggregate.testing import tiny_llama
 
     tiny_llama()[0].save_pretrained(tmp_path / "dense")  # no expert fusion: HF's lazy load is already lean
+
+    builds = []
+    build = transformers.AutoModelForCausalLM.from_config
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config",
+                        lambda *a, **k: builds.append(a) or build(*a, **k))
     assert stream_fused_experts(tmp_path / "dense", _config(tmp_path / "dense"), torch.float32) is None
+    assert builds == []  # nothing to stream is known from the config: the dense model is not built twice
+    monkeypatch.undo()
     d = tmp_path / "moe"
     _saved("deepseek_v2", d)
     sd = load_file(d / "model.safetensors")
