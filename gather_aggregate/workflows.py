@@ -114,15 +114,15 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from gather_aggregate.attribution import attribution_scan
+    from gather_aggregate.attribution import CORESET_ESTIMATORS, attribution_scan
     from gather_aggregate.scan import exact_scan
 
     if args.mode != "exact" and (getattr(args, "ray", None) is not None or args.resume):  # were ignored silently
         raise InputError(f"--{'ray' if getattr(args, 'ray', None) is not None else 'resume'} applies to the exact "
                          f"scan only; --mode {args.mode} is one pass of gradients: leave it out, or use --mode exact")
-    if getattr(args, "exact_prompts", 0) and args.mode not in ("atp", "atp-softmax", "atp*-softmax"):
-        raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode atp, "
-                         f"atp-softmax or atp*-softmax, not --mode {args.mode}")
+    if getattr(args, "exact_prompts", 0) and args.mode not in CORESET_ESTIMATORS:
+        raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode "
+                         f"{', '.join(CORESET_ESTIMATORS[:-1])} or {CORESET_ESTIMATORS[-1]}, not --mode {args.mode}")
     out, model, examples = _start(args, "scan")
     tokens, metric = task_metric(model, examples)
     reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts
