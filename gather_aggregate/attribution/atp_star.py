@@ -1,6 +1,6 @@
 """AtP* (Kramár et al. 2024): AtP with the QK fix and GradDrop, for head-output ablations.
 
-Notation as in :mod:`gather_aggregate.attribution`: ``Δ_h = z'_h - z_h`` is a
+Notation as in :mod:`gather_aggregate.attribution.estimators`: ``Δ_h = z'_h - z_h`` is a
 head's ablation step, ``g_h = ∂M/∂z_h`` the metric's gradient at its output
 (live: the heads above respond), and AtP's estimated drop is
 ``ĉ(h) = -Δ_h · g_h``.
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.attribution_paths import (
+from gather_aggregate.attribution.paths import (
     _estimates,
     ablation_step,
     add_probe,
@@ -52,9 +52,9 @@ from gather_aggregate.attribution_paths import (
     probe_terms,
     readout_logit_changes,
 )
-from gather_aggregate.hook_checks import hook_dict_of
-from gather_aggregate.protocol import Head, HookedModel
-from gather_aggregate.session import gradients
+from gather_aggregate.core.hook_names import hook_dict_of
+from gather_aggregate.core.model_state import gradients
+from gather_aggregate.core.protocol import Head, HookedModel
 
 
 class _Stop(Exception):
@@ -104,7 +104,7 @@ def pattern_changes(model: HookedModel, resid: dict[int, Tensor], patterns: dict
     of ``attn_layers`` above it: ``Δr = Δ_h @ W[:, h]ᵀ`` ``[heads, batch, pos, d_model]`` (the direct residual
     change) and ``ΔA = A_l(r_l + Δr) - A_l(r_l)`` ``[heads, batch, ...pattern]``, each head a stacked copy of
     the batch (at most ``max_rows`` rows per recomputation).  Heads of a layer without
-    :meth:`~gather_aggregate.protocol.HookedModel.mixer_resume`, or whose mixer output is normalised before it
+    :meth:`~gather_aggregate.core.protocol.HookedModel.mixer_resume`, or whose mixer output is normalised before it
     joins the residual (``model.mixer_normed(layer)``: Gemma 2/3, OLMo-2), are skipped.  ``qk_layers=n``: only the first
     ``n`` attention layers above each head (the approximation that keeps the cost near one attention layer per
     head: the patterns further up keep their linear term)."""
@@ -257,7 +257,7 @@ def star_softmax(model: HookedModel, tokens: Tensor, metric: Any, clean_z: dict[
     """The QK fix carried into the readout logits (``estimator="atp*-softmax"``).
 
     For every readout slot ``s`` (row ``j``, token ``t``: the tokens of
-    :func:`~gather_aggregate.attribution_paths.readout_tokens`) the first-order logit change of AtP-softmax,
+    :func:`~gather_aggregate.attribution.paths.readout_tokens`) the first-order logit change of AtP-softmax,
     ``δℓ_s(h) = Δ_h · ∂ℓ_s/∂z_h``, gets the same correction AtP* gives the metric, with ``∂ℓ_s/∂A_l`` for
     ``∂M/∂A_l``:
 

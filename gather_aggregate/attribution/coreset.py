@@ -1,8 +1,8 @@
 """An estimator corrected by the exact scan on a few chosen prompts: the prompt coreset.
 
 The exact drop of head ``h`` over ``n`` prompts is the mean of its per-prompt drops, ``c̄(h) = (1/n) Σ_p E[p, h]``
-(a metric built with :meth:`~gather_aggregate.readout.ReadoutMetric.mean_of` is a mean over prompts).  AtP-softmax
-and AtP (:mod:`gather_aggregate.attribution`) give per-prompt estimates ``S[p, h]`` at no cost beyond their batch
+(a metric built with :meth:`~gather_aggregate.core.readout.ReadoutMetric.mean_of` is a mean over prompts).  AtP-softmax
+and AtP (:mod:`gather_aggregate.attribution.estimators`) give per-prompt estimates ``S[p, h]`` at no cost beyond their batch
 estimate (prompts do not interact, so each prompt's share of the batch's terms is its own).  Choose
 ``k`` prompts ``C`` and weights ``w ≥ 0`` from ``S`` alone, so that their weighted estimates reproduce the estimator's
 mean over every prompt, ``Σ_{p∈C} w_p S[p, :] ≈ S̄`` (each head's column scaled by its spread over the prompts, so
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.readout import ReadoutMetric
+from gather_aggregate.core.readout import ReadoutMetric
 
 
 def nnls(A: Tensor, b: Tensor, tol: float = 1e-10) -> Tensor:
@@ -115,7 +115,7 @@ def weighted_subset_metric(metric: ReadoutMetric, clean_at: Tensor, chosen: list
 def corrected(model: Any, tokens: Tensor, metric: ReadoutMetric, clean_at: Tensor, S: Tensor, heads: list,
               k: int, method: Any, reference: Any, per_position: bool, seed: int) -> tuple[dict, dict[str, Any]]:
     """``c̃(h)`` for every head of ``heads`` (the columns of ``S``), and what the table's meta records."""
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     chosen, w = choose_prompts(S, k)
     sub = weighted_subset_metric(metric, clean_at.detach(), chosen, w)

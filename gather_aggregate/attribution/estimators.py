@@ -1,7 +1,7 @@
 """Gradient attribution of head ablations: AtP, AtP* and integrated gradients.
 
 A head's exact score is ``c(h) = M(clean) - M(h ablated)``
-(:func:`gather_aggregate.scan.exact_scan`).  Treat every scanned head's output
+(:func:`gather_aggregate.scan.exact.exact_scan`).  Treat every scanned head's output
 ``z_h`` as an input of ``F(z_1, .., z_n) = M``, each replaced at its hook by a
 *fixed* value (so a head's output no longer depends on the heads upstream):
 
@@ -47,7 +47,7 @@ A head's exact score is ``c(h) = M(clean) - M(h ablated)``
   token slot, one shared forward), and evaluate the metric exactly on the
   clean readout logits with ``δℓ_h`` added: ``ĉ(h) = M(ℓ) - M(ℓ + δℓ_h)``.
   For a metric linear in the logits (a logit difference) this is AtP.  It
-  needs a :class:`~gather_aggregate.readout.ReadoutMetric`; it leaves the
+  needs a :class:`~gather_aggregate.core.readout.ReadoutMetric`; it leaves the
   non-linearity inside the network (an attention softmax above the head) to
   the first-order term, like AtP.
 * **Both fixes** (``"atp*-softmax"``): AtP*'s QK fix carried into those
@@ -55,7 +55,7 @@ A head's exact score is ``c(h) = M(clean) - M(h ablated)``
   - ⟨J_{A_l}ᵀ ∂ℓ/∂A_l, Δr_h⟩]`` (the exact pattern change of every attention
   layer above the head on its direct path, weighted by each logit's own
   gradient at the pattern), and the metric exact on ``ℓ + δℓ*_h``
-  (:func:`~gather_aggregate.attribution_star.star_softmax`).  No GradDrop.  What
+  (:func:`~gather_aggregate.attribution.atp_star.star_softmax`).  No GradDrop.  What
   stays linear is the path from the pattern change to the logits.
 
 All estimators hang their probes on the models' hooks inside ``with
@@ -70,19 +70,19 @@ from typing import Any, Literal
 
 import torch
 
-from gather_aggregate.attribution_paths import (
+from gather_aggregate.attribution.paths import (
     _estimates,
     _targets,
     path_gradients,
     per_prompt_estimates,
     readout_logit_changes,
 )
-from gather_aggregate.errors import InputError
-from gather_aggregate.interventions import Method, group_by_layer, head_outputs, make_replacement
-from gather_aggregate.protocol import Head, HookedModel
-from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan import Metric, ScanResult, _check_metric, _prepare, _row
-from gather_aggregate.session import analysis
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.protocol import Head, HookedModel
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.interventions.ablation import Method, group_by_layer, head_outputs, make_replacement
+from gather_aggregate.scan.exact import Metric, ScanResult, _check_metric, _prepare, _row
 
 Estimator = Literal["atp", "atp*", "ig", "atp-softmax", "atp*-softmax"]
 ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
@@ -103,18 +103,18 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     ``readout_tokens`` backwards per readout row) or ``"atp*-softmax"`` (the same with the QK fix in the
     linearised logits; see the module docstring).  ``qk_layers=n`` (AtP*, AtP*-softmax): the QK fix recomputes
     only the first ``n`` attention layers above each head (the others keep their linear term); default all.  The table has the
-    same columns as :func:`~gather_aggregate.scan.exact_scan`'s, so
-    :func:`~gather_aggregate.scan.compare_rankings` compares them.
+    same columns as :func:`~gather_aggregate.scan.exact.exact_scan`'s, so
+    :func:`~gather_aggregate.scan.exact.compare_rankings` compares them.
 
     ``verify=m``: the ``m`` heads with the largest estimated magnitude ``|ĉ|`` are then scanned exactly
-    (:func:`~gather_aggregate.scan.exact_scan`) and take their exact scores (column ``verified``).  The
+    (:func:`~gather_aggregate.scan.exact.exact_scan`) and take their exact scores (column ``verified``).  The
     shortlist goes by magnitude, not by the signed estimate: where a saturated softmax flips or hides a head's
     sign (the zoo's Gather heads, docs/benchmarks.md), its magnitude still stands out.
 
     ``exact_prompts=k`` (``"atp"`` and the ``-softmax`` estimators, a metric with per-prompt values such as
     ``task_metric``'s):
     ``k`` prompts chosen from the per-prompt estimates are scanned exactly, weighted, and correct the estimate
-    (the prompt coreset, :mod:`gather_aggregate.attribution_coreset`; the chosen prompts and weights are in the
+    (the prompt coreset, :mod:`gather_aggregate.attribution.coreset`; the chosen prompts and weights are in the
     table's meta).  It costs ``k / n`` of the exact scan on top of the estimator; ``k = n`` is the exact scan.
     """
     if estimator not in ESTIMATORS:
@@ -151,7 +151,7 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
         if estimator == "atp-softmax":
             logits_at, toks, delta, _ = readout_logit_changes(model, tokens, metric, targets, readout_tokens)
         else:
-            from gather_aggregate.attribution_star import star_softmax
+            from gather_aggregate.attribution.atp_star import star_softmax
 
             logits_at, toks, delta, meta["qk_fix_layers"] = star_softmax(model, tokens, metric, clean_z, targets,
                                                                          by_layer, readout_tokens, qk_layers)
@@ -166,13 +166,13 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
         if exact_prompts:
             logits_at, per_prompt = seen[0], per_prompt_estimates(model, by_layer, terms)
     else:
-        from gather_aggregate.attribution_star import atp_star
+        from gather_aggregate.attribution.atp_star import atp_star
 
         clean, est, info = atp_star(model, tokens, metric, clean_z, targets, by_layer, graddrop=graddrop,
                                     qk_layers=qk_layers)
         meta.update(info)
     if exact_prompts:
-        from gather_aggregate.attribution_coreset import corrected
+        from gather_aggregate.attribution.coreset import corrected
 
         assert isinstance(metric, ReadoutMetric)  # _check_coreset, before any work
         order = list(est)
@@ -183,7 +183,7 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     meta["metric_clean"] = clean
     rows = [_row(model, layer, h, clean, clean - est[(layer, h)]) for layer, h in heads]
     if verify:
-        from gather_aggregate.scan import exact_scan
+        from gather_aggregate.scan.exact import exact_scan
 
         short = sorted(heads, key=lambda hd: -abs(est[hd]))[:verify]
         exact = exact_scan(model, tokens, metric, short, method, reference, per_position=per_position, seed=seed,

@@ -1,7 +1,7 @@
 """The engine of gradient attribution: metric gradients along an ablation path, all points in one backward.
 
-Used by :mod:`gather_aggregate.attribution` (AtP, integrated gradients) and
-:mod:`gather_aggregate.attribution_star` (AtP*); the math is in the former's docstring.
+Used by :mod:`gather_aggregate.attribution.estimators` (AtP, integrated gradients) and
+:mod:`gather_aggregate.attribution.atp_star` (AtP*); the math is in the former's docstring.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.interventions import Replacement
-from gather_aggregate.protocol import Head, HookedModel
-from gather_aggregate.scan import Metric, _check_metric
-from gather_aggregate.session import gradients
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.model_state import gradients
+from gather_aggregate.core.protocol import Head, HookedModel
+from gather_aggregate.interventions.ablation import Replacement
+from gather_aggregate.scan.exact import Metric, _check_metric
 
 
 def _check_differentiable(value: Any) -> Tensor:

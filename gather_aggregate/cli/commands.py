@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.io import atomic_write_json, out_dir, write_csv, write_table
-from gather_aggregate.protocol import HookedModel
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import HookedModel
+from gather_aggregate.core.results_io import atomic_write_json, out_dir, write_csv, write_table
 from gather_aggregate.tasks.metric import task_metric
 from gather_aggregate.zoo import resolve_model_path
 
 
 def load(args: argparse.Namespace) -> HookedModel:
     """The model of ``--model`` (a zoo name or a directory) on ``--device``."""
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.models.loading import load_model
 
     return load_model(resolve_model_path(args.model), device=args.device)
 
@@ -42,7 +42,7 @@ def precheck(args: argparse.Namespace) -> None:
     """What can be checked before anything is created or loaded: the model's name or path, the device, and a
     user task (``--task-file`` read and checked, ``--task module:callable`` imported); ``args.task`` becomes the
     task's name."""
-    from gather_aggregate.loading import parse_device, resolve_source
+    from gather_aggregate.models.loading import parse_device, resolve_source
     from gather_aggregate.tasks.taskfile import resolve_user_task
 
     if hasattr(args, "task"):
@@ -59,7 +59,7 @@ def precheck(args: argparse.Namespace) -> None:
 def parse_heads(spec: Any, model: HookedModel) -> list[tuple[int, int]]:
     """``"1.0,1.3"`` (or pairs already parsed by the CLI) → ``[(1, 0), (1, 3)]``, validated against the model."""
     if isinstance(spec, str):
-        from gather_aggregate.cli import head_pairs
+        from gather_aggregate.cli.arg_types import head_pairs
 
         try:
             spec = head_pairs(spec)
@@ -114,8 +114,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_scan(args: argparse.Namespace) -> int:
-    from gather_aggregate.attribution import CORESET_ESTIMATORS, attribution_scan
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.attribution.estimators import CORESET_ESTIMATORS, attribution_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     if args.mode != "exact" and (getattr(args, "ray", None) is not None or args.resume):  # were ignored silently
         raise InputError(f"--{'ray' if getattr(args, 'ray', None) is not None else 'resume'} applies to the exact "
@@ -146,9 +146,9 @@ def run_scan(args: argparse.Namespace) -> int:
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    from gather_aggregate.detect import find_ga_heads
-    from gather_aggregate.errors import ResumeMismatchError
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.errors import ResumeMismatchError
+    from gather_aggregate.detect.detector import find_ga_heads
+    from gather_aggregate.scan.exact import exact_scan
 
     out, model, examples = _start(args, "detect")
     scan_file = out / "scan.json"
@@ -176,7 +176,7 @@ def run_detect(args: argparse.Namespace) -> int:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from gather_aggregate.experiments import remove_only
+    from gather_aggregate.studies.ablation_tables import remove_only
 
     if not args.heads:
         raise InputError("no heads given; pass --heads LAYER.HEAD[,LAYER.HEAD...], e.g. --heads 1.0,1.3")
@@ -233,7 +233,7 @@ def run_pattern(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from gather_aggregate.report_builder import build_report_from_dir
+    from gather_aggregate.report.from_results import build_report_from_dir
 
     results = Path(args.results or args.out or "ga_out")
     if results.is_file():

@@ -1,7 +1,7 @@
 """``gather-aggregate demo``.
 
 With the toy zoo shipped, the demo runs the whole pipeline on it (see
-:func:`gather_aggregate.demo_zoo.run_zoo_demo`).  Without a zoo (e.g. a source
+:func:`gather_aggregate.cli.demo_zoo.run_zoo_demo`).  Without a zoo (e.g. a source
 tree where the checkpoints are not trained yet) it runs the quickstart below on
 a tiny random Llama built from a config: real loading, patterns and ablations,
 but of course no learnt retrieval.
@@ -18,7 +18,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from gather_aggregate.zoo import list_zoo
 
     if getattr(args, "model", None) or list_zoo():
-        from gather_aggregate.demo_zoo import run_zoo_demo
+        from gather_aggregate.cli.demo_zoo import run_zoo_demo
 
         return run_zoo_demo(args)
     return run_quickstart(args)
@@ -27,9 +27,9 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_quickstart(args: argparse.Namespace) -> int:
     import torch
 
-    from gather_aggregate.loading import load_model
-    from gather_aggregate.metrics import row_entropy
-    from gather_aggregate.testing import save_model_dir, tiny_llama
+    from gather_aggregate.core.sharpness import row_entropy
+    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.testing.tiny_models import save_model_dir, tiny_llama
 
     t0 = time.perf_counter()
     print("no toy zoo found: running the quickstart on a tiny random Llama built from a config")

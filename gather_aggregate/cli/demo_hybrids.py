@@ -1,7 +1,7 @@
 """The demo's section on retrieval-guided hybrids (issue 23).
 
 Distilling a hybrid takes minutes, so the demo shows the sweep shipped with the
-zoo (:mod:`gather_aggregate.hybridise.shipped`: measured offline, 64 prompts per
+zoo (:mod:`gather_aggregate.studies.hybrids.shipped`: measured offline, 64 prompts per
 task) and evaluates one shipped hybrid live on this run's prompts of its
 teacher: the detector's top-2 heads of ``llama-kvmc`` kept as attention, the
 other 14 distilled into SSM heads.  Runs only when the teacher is among the
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gather_aggregate.claims import TASKS
-from gather_aggregate.demo_report import heads_text, text_table
+from gather_aggregate.report.demo_story import heads_text, text_table
+from gather_aggregate.studies.claims import TASKS
 
 
 def kept_heads(cfg: Any) -> list[list[int]]:
@@ -25,9 +25,14 @@ def kept_heads(cfg: Any) -> list[list[int]]:
 def hybrid_demo(models: Mapping[str, Any], sets: Mapping[str, Mapping[str, Sequence[Any]]],
                 acc: Mapping[str, Mapping[str, float]]) -> dict[str, Any] | None:
     """The shipped sweep and the shipped hybrid's accuracy on the teacher's demo prompts (``None`` without them)."""
-    from gather_aggregate.claims import accuracies
-    from gather_aggregate.hybridise.shipped import DEMO_HYBRID, SWEEP_FILE, shipped_hybrids, shipped_sweep
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.studies.claims import accuracies
+    from gather_aggregate.studies.hybrids.shipped import (
+        DEMO_HYBRID,
+        SWEEP_FILE,
+        shipped_hybrids,
+        shipped_sweep,
+    )
 
     hybrids = shipped_hybrids()
     if not SWEEP_FILE.is_file() or DEMO_HYBRID not in hybrids:
@@ -47,7 +52,7 @@ def hybrid_lines(h: Mapping[str, Any], n_prompts: int, seed: int) -> list[str]:
     """The console section: the shipped table, the heads needed for 95% of the teacher's KV, the live hybrid."""
     import textwrap
 
-    from gather_aggregate.hybridise.shipped import recovery_text, table_rows
+    from gather_aggregate.studies.hybrids.shipped import recovery_text, table_rows
 
     sweep = h["sweep"]
     teacher = sweep["teacher"]
@@ -68,8 +73,8 @@ def hybrid_lines(h: Mapping[str, Any], n_prompts: int, seed: int) -> list[str]:
 
 def hybrid_sections(h: Mapping[str, Any], chance: Mapping[str, float], n_prompts: int) -> list[Any]:
     """The report's section: the shipped table, KV against k per strategy, the live hybrid beside its teacher."""
-    from gather_aggregate.hybridise.shipped import recovery_text, table_rows
-    from gather_aggregate.report import Figure, Table
+    from gather_aggregate.report.html import Figure, Table
+    from gather_aggregate.studies.hybrids.shipped import recovery_text, table_rows
     from gather_aggregate.viz.hybrids import hybrid_kv_curve
 
     sweep = h["sweep"]

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.claims import TASKS
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.studies.claims import TASKS
 
 
 def _bar(items: list[Any], desc: str) -> Any:
@@ -40,11 +40,11 @@ def _zoo(args: argparse.Namespace) -> dict[str, Path]:
 def run_zoo_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from gather_aggregate import claims
-    from gather_aggregate.detect import aggregate_reading
-    from gather_aggregate.experiments import cumulative_ablation
-    from gather_aggregate.io import atomic_write_json, out_dir
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.core.results_io import atomic_write_json, out_dir
+    from gather_aggregate.detect.detector import aggregate_reading
+    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.studies import claims
+    from gather_aggregate.studies.ablation_tables import cumulative_ablation
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -97,12 +97,12 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
                                                 args.seed).items()]
 
     # 7. retrieval-guided hybrids: the sweep shipped with the zoo, one shipped hybrid evaluated live ----------
-    from gather_aggregate.demo_hybrids import hybrid_demo, hybrid_sections
+    from gather_aggregate.cli.demo_hybrids import hybrid_demo, hybrid_sections
 
     hybrids = hybrid_demo(models, sets, acc)
 
     # report + summary -----------------------------------------------------------------------
-    from gather_aggregate.demo_report import write_demo_report
+    from gather_aggregate.report.demo_story import write_demo_report
 
     summary = {"models": list(models), "n_prompts": n, "seed": args.seed, "scan_task": task, "accuracy": acc,
                "chance": chance, "ga_heads": {m: g.summary() for m, g in ga.items()},
@@ -123,7 +123,7 @@ def run_zoo_demo(args: argparse.Namespace) -> int:
     atomic_write_json(out / "summary.json", summary)
     _print_summary(summary, chance)
     if hybrids is not None:
-        from gather_aggregate.demo_hybrids import hybrid_lines
+        from gather_aggregate.cli.demo_hybrids import hybrid_lines
 
         print("\n".join(hybrid_lines(hybrids, n, args.seed)))
     print(f"\nreport: {report}\nresults: {out}/summary.json, scan_*.json   ({summary['seconds']} s)")
@@ -138,8 +138,8 @@ def scan_task(choice: str, acc: dict[str, dict[str, float]], chance: dict[str, f
 
 
 def _print_summary(s: dict[str, Any], chance: dict[str, float]) -> None:
-    from gather_aggregate.demo_report import heads_text
-    from gather_aggregate.demo_report import text_table as _table
+    from gather_aggregate.report.demo_story import heads_text
+    from gather_aggregate.report.demo_story import text_table as _table
 
     tasks = list(TASKS)
     print(f"\naccuracy on {s['n_prompts']} prompts per task (seed {s['seed']})")

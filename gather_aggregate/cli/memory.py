@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 #: Llama-3.2-1B's published geometry (its config.json), for the paper-scale rows of the table.
 LLAMA_32_1B: dict[str, Any] = {
@@ -38,7 +38,7 @@ def _ints(text: str) -> list[int]:
 def hybrid_variants(name: str, raw: dict[str, Any], keeps: list[int], d_states: list[int]) -> dict[str, Any]:
     """Configs of ``raw``'s head-level hybrids keeping ``k`` heads (the first k kv groups' heads, which for
     GQA models is the fewest kv heads k kept heads can read) with each state size."""
-    from gather_aggregate.hybridise.config import HeadHybridConfig
+    from gather_aggregate.models.head_hybrid.config import HeadHybridConfig
 
     n_layers, n_heads = int(raw["num_hidden_layers"]), int(raw["num_attention_heads"])
     order = [(L, h) for h in range(n_heads) for L in range(n_layers)]  # spread over layers, kv-group-major
@@ -84,7 +84,7 @@ def memory_configs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    from gather_aggregate.hybridise.memory import format_table, memory_table
+    from gather_aggregate.models.memory import format_table, memory_table
 
     lengths = _ints(args.lengths)
     if not lengths:  # was an empty table
@@ -93,7 +93,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
                         bytes_per_element=args.bytes_per_element)
     print(format_table(rows))
     if args.out:
-        from gather_aggregate.io import write_table
+        from gather_aggregate.core.results_io import write_table
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

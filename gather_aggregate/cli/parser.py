@@ -12,23 +12,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 
+from gather_aggregate.cli.arg_types import head_indices, head_pairs, int_in_range
+
 # subcommand -> (module:function, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("gather_aggregate.demo:run_demo", "run the demo on the shipped toy zoo and write an HTML report"),
-    "eval": ("gather_aggregate.workflows:run_eval", "evaluate a model on a task"),
-    "scan": ("gather_aggregate.workflows:run_scan", "rank heads by the drop in a task metric when ablated"),
-    "detect": ("gather_aggregate.workflows:run_detect",
+    "demo": ("gather_aggregate.cli.demo:run_demo", "run the demo on the shipped toy zoo and write an HTML report"),
+    "eval": ("gather_aggregate.cli.commands:run_eval", "evaluate a model on a task"),
+    "scan": ("gather_aggregate.cli.commands:run_scan", "rank heads by the drop in a task metric when ablated"),
+    "detect": ("gather_aggregate.cli.commands:run_detect",
                "name the Gather and Aggregate heads (pattern evidence, then causal tests against random heads)"),
-    "ablate": ("gather_aggregate.workflows:run_ablate", "evaluate with a set of heads ablated"),
-    "pattern": ("gather_aggregate.workflows:run_pattern", "save (implied) attention patterns of a layer on one prompt"),
-    "report": ("gather_aggregate.workflows:run_report", "build a self-contained HTML report from results"),
-    "zoo": ("gather_aggregate.workflows:run_zoo", "the toy zoo: `zoo list`, `zoo train`"),
-    "memory": ("gather_aggregate.hybridise.memory_cli:cmd_memory",
+    "ablate": ("gather_aggregate.cli.commands:run_ablate", "evaluate with a set of heads ablated"),
+    "pattern": ("gather_aggregate.cli.commands:run_pattern", "save (implied) attention patterns of a layer on one prompt"),
+    "report": ("gather_aggregate.cli.commands:run_report", "build a self-contained HTML report from results"),
+    "zoo": ("gather_aggregate.cli.commands:run_zoo", "the toy zoo: `zoo list`, `zoo train`"),
+    "memory": ("gather_aggregate.cli.memory:cmd_memory",
                "KV-cache vs SSM-state bytes per model (and its head-level hybrids) at several prompt lengths"),
     "lm-eval": ("gather_aggregate.lm_eval.schedule:cmd_lm_eval",
                 "lm-evaluation-harness tasks x heads removed (needs the lmeval extra)"),
@@ -36,66 +37,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 #: the task names of gather_aggregate.tasks.registry (a test keeps them equal; importing it here would be slow)
 TASKS = ("kv", "letter-mc", "content-mc", "knowledge", "mmlu", "mmlu-content", "mqar")
-#: ``scan --mode``: the exact scan and gather_aggregate.attribution.ESTIMATORS (a test keeps them equal; that
+#: ``scan --mode``: the exact scan and gather_aggregate.attribution.estimators.ESTIMATORS (a test keeps them equal; that
 #: module imports torch)
 MODES = ("exact", "atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
-
-
-# ---- option types: a bad value is refused before anything loads ----------------------------------
-def _int_type(name: str, low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{name} must be at least {low}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"{name} must be at most {high}, got {value}")
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number (standard deviations), got {text}")
-    return value
-
-
-def head_pairs(text: str) -> list[tuple[int, int]]:
-    """``1.0,1.3`` or ``L1H0,L1H3`` → ``[(1, 0), (1, 3)]``."""
-    import re
-
-    heads = []
-    for part in [p for p in text.replace(" ", "").split(",") if p]:
-        m = re.fullmatch(r"(\d+)\.(\d+)|L(\d+)H(\d+)", part, flags=re.IGNORECASE)  # l1h0 was refused
-        if not m:
-            raise argparse.ArgumentTypeError(f"cannot read head {part!r}; write LAYER.HEAD or LxHy, comma separated, "
-                                             "e.g. --heads 1.0,1.3 or --heads L1H0,L1H3")
-        g = [int(x) for x in m.groups() if x is not None]
-        heads.append((g[0], g[1]))
-    if not heads:
-        raise argparse.ArgumentTypeError("no heads given; e.g. --heads 1.0,1.3")
-    return heads
-
-
-def head_indices(text: str) -> list[int]:
-    """``0,2`` → ``[0, 2]`` (head indices of one layer)."""
-    out = []
-    for part in [p for p in text.replace(" ", "").split(",") if p]:
-        if not part.isdigit():
-            raise argparse.ArgumentTypeError(f"cannot read head index {part!r}; pass non-negative whole numbers, "
-                                             "comma separated, e.g. --heads 0,2")
-        out.append(int(part))
-    if not out:
-        raise argparse.ArgumentTypeError("no head indices given; e.g. --heads 0,2, or leave --heads out for all heads")
-    return out
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -146,11 +90,11 @@ def _task(p: argparse.ArgumentParser) -> None:
                         "a Python factory returning a Task")
     p.add_argument("--task-file", default=None, metavar="FILE.jsonl",
                    help="a task of your own: one prompt per line with character-span segments (docs/tasks.md)")
-    p.add_argument("--n", type=_int_type("--n", 1), default=64,
+    p.add_argument("--n", type=int_in_range("--n", 1), default=64,
                    help="number of task prompts (with --task-file: the file's first N lines)")
-    p.add_argument("--dict-size", type=_int_type("--dict-size", 1), default=None,
+    p.add_argument("--dict-size", type=int_in_range("--dict-size", 1), default=None,
                    help="KV / MQAR dictionary size (default: the task's, or the zoo model's trained size)")
-    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the task's prompts")
+    p.add_argument("--seed", type=int_in_range("--seed", 0), default=0, help="seed of the task's prompts")
 
 
 def _out(p: argparse.ArgumentParser, cmd: str, files: str) -> None:
@@ -168,9 +112,9 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="comma list of zoo names or model directories, e.g. llama-kvmc,mamba2-ga (default: every "
                         f"shipped zoo model but {', '.join(DEMO_SKIP)})")
-    p.add_argument("--n", type=_int_type("--n", 8, 64), default=32,
+    p.add_argument("--n", type=int_in_range("--n", 8, 64), default=32,
                    help="prompts per task (8 to 64; 32 keeps the seven-model demo within its 120 s budget)")
-    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the prompts")
+    p.add_argument("--seed", type=int_in_range("--seed", 0), default=0, help="seed of the prompts")
     p.add_argument("--fast", action="store_true", help="24 prompts per task (smoke tests)")
     p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",
                    help="retrieval task to scan and ablate on; auto: letter-MC when every model solves it "
@@ -188,12 +132,12 @@ def _scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="exact",
                    help="exact ablation scan, or an estimate: AtP, AtP* (QK fix + GradDrop), integrated gradients, "
                         "AtP with the output softmax exact, and that with the QK fix carried into the readout logits")
-    p.add_argument("--exact-prompts", type=_int_type("--exact-prompts", 0), default=0, metavar="K",
+    p.add_argument("--exact-prompts", type=int_in_range("--exact-prompts", 0), default=0, metavar="K",
                    help="with --mode atp, atp-softmax or atp*-softmax: correct the estimate by the exact scan of K prompts "
                         "chosen from it (the prompt coreset; K/n of the exact scan's cost)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="shard the exact scan over Ray workers: a local cluster, or ADDRESS (auto, host:port)")
-    p.add_argument("--workers", type=_int_type("--workers", 1), default=2, help="Ray workers (with --ray)")
+    p.add_argument("--workers", type=int_in_range("--workers", 1), default=2, help="Ray workers (with --ray)")
     p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
                    help="what replaces a head's output (resample: another prompt's, never its own)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted scan in --out")
@@ -202,11 +146,11 @@ def _scan_options(p: argparse.ArgumentParser) -> None:
 
 
 def _reading(text: str) -> str:
-    """``--reading``: ``auto`` or a read position of :func:`gather_aggregate.detect_evidence.parse_read`."""
+    """``--reading``: ``auto`` or a read position of :func:`gather_aggregate.detect.pattern_evidence.parse_read`."""
     if text == "auto":
         return text
-    from gather_aggregate.detect_evidence import parse_read
-    from gather_aggregate.errors import InputError
+    from gather_aggregate.core.errors import InputError
+    from gather_aggregate.detect.pattern_evidence import parse_read
 
     try:
         parse_read(text)
@@ -235,10 +179,10 @@ def _ablate_options(p: argparse.ArgumentParser) -> None:
 
 def _pattern_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
-    p.add_argument("--layer", type=_int_type("--layer", 0), default=0, help="layer index (0 = first)")
+    p.add_argument("--layer", type=int_in_range("--layer", 0), default=0, help="layer index (0 = first)")
     p.add_argument("--heads", type=head_indices, default=None,
                    help="head indices of the layer, comma separated (default: all)")
-    p.add_argument("--prompt", type=_int_type("--prompt", 0), default=0,
+    p.add_argument("--prompt", type=int_in_range("--prompt", 0), default=0,
                    help="which of the task's prompts (0 = first of --n with --seed)")
     _out(p, "pattern", "pattern.json and pattern.csv (head, query, key, weight)")
 
@@ -251,7 +195,7 @@ def _report_options(p: argparse.ArgumentParser) -> None:
 def _memory_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="comma list of zoo names or model directories (default: every shipped zoo model)")
-    from gather_aggregate.hybridise.memory_cli import add_memory_args
+    from gather_aggregate.cli.memory import add_memory_args
 
     add_memory_args(p)
     p.add_argument("--out", default=None, help="output directory for memory.json and memory.csv (default: print only)")
@@ -259,8 +203,8 @@ def _memory_options(p: argparse.ArgumentParser) -> None:
 
 def _lm_eval_options(p: argparse.ArgumentParser) -> None:
     _model(p)
-    p.add_argument("--n", type=_int_type("--n", 1), default=64, help="prompts per exported ga_* task")
-    p.add_argument("--seed", type=_int_type("--seed", 0), default=0, help="seed of the exported ga_* tasks")
+    p.add_argument("--n", type=int_in_range("--n", 1), default=64, help="prompts per exported ga_* task")
+    p.add_argument("--seed", type=int_in_range("--seed", 0), default=0, help="seed of the exported ga_* tasks")
     from gather_aggregate.lm_eval.schedule import add_arguments
 
     add_arguments(p)
@@ -335,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI turns errors into one line
         if getattr(args, "debug", False):
             raise
-        from gather_aggregate.errors import GAError
+        from gather_aggregate.core.errors import GAError
 
         kind = "error" if isinstance(exc, GAError) else f"error ({type(exc).__name__})"
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

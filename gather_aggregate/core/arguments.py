@@ -1,7 +1,7 @@
 """Argument checks shared by the public entry points: one clear :class:`InputError` line for a wrong type.
 
 Each check names what the caller should pass instead.  Indices (layers, heads, rows) are checked in
-:mod:`gather_aggregate.indices`, heads and tokens by the model (:mod:`gather_aggregate.protocol`), task examples in
+:mod:`gather_aggregate.core.indices`, heads and tokens by the model (:mod:`gather_aggregate.core.protocol`), task examples in
 :mod:`gather_aggregate.tasks.base`.
 """
 
@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import as_index
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import as_index
 
-#: what every analysis calls on a model (the core of :class:`gather_aggregate.protocol.HookedModel`)
+#: what every analysis calls on a model (the core of :class:`gather_aggregate.core.protocol.HookedModel`)
 MODEL_MEMBERS = ("layers", "all_heads", "check_head_set", "head_hook", "validate_tokens", "run_with_hooks", "hooks")
 
 
@@ -46,7 +46,7 @@ def number(x: Any, what: str, minimum: float | None = None) -> float:
     return v
 
 
-#: the head kinds (:data:`gather_aggregate.protocol.LayerKind`)
+#: the head kinds (:data:`gather_aggregate.core.protocol.LayerKind`)
 HEAD_KINDS = ("attn", "ssm")
 
 

@@ -41,6 +41,10 @@ class InputError(GAError, ValueError):
     """Malformed input: wrong shape, dtype, device, values or arguments."""
 
 
+class ProvenanceError(InputError):
+    """A result handed from one step to another was made on another model, task, prompt set or seed."""
+
+
 class MemoryBudgetError(GAError, MemoryError):
     """A computation would need more memory than the allowed budget."""
 
@@ -76,7 +80,7 @@ def warn(warning: Warning) -> None:
     import sys
     import warnings
 
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, not core/
     level, frame = 2, sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
         frame, level = frame.f_back, level + 1

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from jaxtyping import Int

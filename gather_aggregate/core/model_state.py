@@ -11,7 +11,7 @@ A notebook's model and session may be in any of these states when a public funct
   work (grad still off), so what it makes and returns are normal tensors; the gradient estimators re-enable
   autograd where they take gradients (:func:`gradients`).  A tensor an earlier inference-mode block made that
   autograd cannot use (a metric of the user's own closing over one) raises one
-  :class:`~gather_aggregate.errors.InputError` naming the fix.
+  :class:`~gather_aggregate.core.errors.InputError` naming the fix.
 * **frozen parameters or a user's own ``.grad``**: gradients are taken with ``torch.autograd.grad`` with respect
   to probes on the head outputs only, so ``requires_grad`` flags and ``.grad`` are never read or written.
 * **the user's own hooks** (TransformerLens ``add_hook``, torch forward / pre-hooks): they stay attached, and
@@ -30,7 +30,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

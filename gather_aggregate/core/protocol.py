@@ -1,7 +1,7 @@
 """The one small model protocol every analysis in gather-aggregate talks to.
 
 A *hooked model* is a transformer (a TransformerLens ``TransformerBridge``,
-wrapped by :class:`gather_aggregate.bridge.BridgeModel`), a hooked SSM or a
+wrapped by :class:`gather_aggregate.models.bridge.BridgeModel`), a hooked SSM or a
 hooked hybrid from :mod:`gather_aggregate.adapters`.  Analyses never reach into
 a model's internals; they only use what is listed here:
 
@@ -21,7 +21,7 @@ a model's internals; they only use what is listed here:
 ``model.mixer_resume(layer)``          optional: the hook of the layer's mixer
 ``model.resume_after_mixer(r, m, L)``  output and its out-projection, and the
                                        forward resumed after the mixer (used by
-                                       :mod:`gather_aggregate.layer_resume`)
+                                       :mod:`gather_aggregate.interventions.layer_resume`)
 ``model.mixer_at_rows(r, rows, L)``    optional: the mixer output at a few
                                        query positions only (attention)
 =====================================  =======================================
@@ -36,15 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from gather_aggregate.checks import HEAD_KINDS, is_cache, names, token_tensor
-from gather_aggregate.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
-from gather_aggregate.indices import HEAD_NAME as _HEAD_NAME
-from gather_aggregate.indices import as_index
-from gather_aggregate.indices import is_index as _is_index
-from gather_aggregate.indices import resolve_rows as resolve_rows  # re-exported: its old home
-from gather_aggregate.session import analysis
-from gather_aggregate.session import count_hooks as count_hooks  # re-exported: their old home
-from gather_aggregate.session import param_checksum as param_checksum
+from gather_aggregate.core.arguments import HEAD_KINDS, is_cache, names, token_tensor
+from gather_aggregate.core.errors import ContextLengthError, IndexOutOfRangeError, InputError, NonFiniteError
+from gather_aggregate.core.indices import HEAD_NAME as _HEAD_NAME
+from gather_aggregate.core.indices import as_index
+from gather_aggregate.core.indices import is_index as _is_index
+from gather_aggregate.core.indices import resolve_rows as resolve_rows  # re-exported: its old home
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.model_state import count_hooks as count_hooks  # re-exported: their old home
+from gather_aggregate.core.model_state import param_checksum as param_checksum
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 
 class ReadoutMetric:

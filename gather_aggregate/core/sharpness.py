@@ -1,7 +1,7 @@
 """Sharpness metrics of attention rows.
 
 All metrics work on the per-row normalised magnitude ``p = |a| / Σ_k |a|``
-(:func:`gather_aggregate.protocol.normalize_rows`).  For a softmax row that is
+(:func:`gather_aggregate.core.protocol.normalize_rows`).  For a softmax row that is
 the row itself; SSM-implied attention is signed and unnormalised, so its raw
 values are not a distribution and are normalised first.  Pass raw patterns:
 every function normalises (idempotent for softmax rows).
@@ -23,9 +23,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import is_index
-from gather_aggregate.protocol import normalize_rows
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import is_index
+from gather_aggregate.core.protocol import normalize_rows
 
 
 def _at_least_fp32(pattern: Tensor) -> Tensor:

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import Head, HookedModel
 
 WHERE = ("segments", "query", "all")
 
@@ -38,7 +38,7 @@ class Prober:
     """Runs interventions on one set of prompts and scores them as a share of the retrieval margin."""
 
     def __init__(self, model: HookedModel, examples: Sequence[Any], *, batch_size: int = 64):
-        from gather_aggregate.protocol import pad_id_of
+        from gather_aggregate.core.protocol import pad_id_of
         from gather_aggregate.tasks.base import collate
 
         self.model = model

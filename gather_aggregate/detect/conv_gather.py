@@ -12,8 +12,8 @@ already aggregate (``records-mamba2``: layer 0's heads read the correct record's
 exists to gather it).
 
 **The test**, per layer with a short conv: keep only the current token's tap (``j = 0``) at every segment's read
-position (:func:`gather_aggregate.interventions.conv_current_tap_hooks`) and measure the loss as a share of the
-retrieval margin (:class:`gather_aggregate.detect_causal.Prober`).  The baseline is the same intervention at as
+position (:func:`gather_aggregate.interventions.ablation.conv_current_tap_hooks`) and measure the loss as a share of the
+retrieval margin (:class:`gather_aggregate.detect.causal_evidence.Prober`).  The baseline is the same intervention at as
 many *other* tokens of the segments (one drawn per segment among its tokens before the read position), repeated
 with ``N_RANDOM`` seeds (a segment with one token before its read position gives the same token every time, so
 the draws can coincide; when that token matters itself, e.g. a key read by a key-mover, the baseline is high and
@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.detect_causal import N_RANDOM, Prober
-from gather_aggregate.detect_evidence import read_positions
-from gather_aggregate.interventions import conv_current_tap_hooks, short_conv_layers
-from gather_aggregate.protocol import HookedModel
+from gather_aggregate.core.protocol import HookedModel
+from gather_aggregate.detect.causal_evidence import N_RANDOM, Prober
+from gather_aggregate.detect.pattern_evidence import read_positions
+from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
 
 
 def conv_positions(b: Any, read: str, *, seed: int | None) -> Tensor:

@@ -1,7 +1,7 @@
 """Gather / Aggregate scores from patterns and a task's segment annotations.
 
 For every head, on the per-row normalised ``|pattern|`` (softmax rows as they
-are; SSM-implied attention normalised, see :mod:`gather_aggregate.metrics`):
+are; SSM-implied attention normalised, see :mod:`gather_aggregate.core.sharpness`):
 
 * **gather**: from each segment's summary token (its last token, e.g. the
   ``\\n`` of ``B. Access Point\\n``), the mass on the segment's tokens
@@ -41,11 +41,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.checks import check_model, count
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import as_index, is_index
-from gather_aggregate.protocol import Head, HookedModel
-from gather_aggregate.session import analysis
+from gather_aggregate.core.arguments import check_model, count
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import as_index, is_index
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.protocol import Head, HookedModel
 
 
 def _batches(examples: Sequence[Any], size: int) -> list[list[Any]]:
@@ -60,7 +60,7 @@ def pattern_scores(model: HookedModel, examples: Sequence[Any], layers: int | Se
     ``gather_any=True`` adds ``gather_segment`` (see the module docstring); it computes every row of each
     pattern, so it costs ``batch x heads x pos²`` memory per layer.
     """
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
     from gather_aggregate.tasks.base import collate
 
     examples = list(examples)
@@ -169,17 +169,17 @@ DECISION_COLUMNS = ("layer", "head", "kind", "role", "gather_mass", "gather_lift
 
 @dataclass
 class GAHeads:
-    """Named Gather and Aggregate heads and G→A pairs, with the evidence for each (:mod:`gather_aggregate.detect_rules`).
+    """Named Gather and Aggregate heads and G→A pairs, with the evidence for each (:mod:`gather_aggregate.detect.rules`).
 
     ``reading`` says where segments were read (``reading["gather"]``: ``summary``, ``last``, ``last-K`` or
-    ``first+K`` (:mod:`gather_aggregate.detect_evidence`), the read position the Gather masses were taken at;
+    ``first+K`` (:mod:`gather_aggregate.detect.pattern_evidence`), the read position the Gather masses were taken at;
     ``reading["aggregate"]``: always ``segment``, the query row's mass on the whole correct segment) and ``read_why`` why; ``evidence`` per named head is ``"alone"`` (its role's group
     is that one head) or ``"joint"`` (one of a group that is named together); ``joint_drop`` holds each role's group
     loss as a share of the retrieval margin (1 = retrieval taken to chance); ``groups`` the whole record per role
     (candidates, peeling steps, random-set losses, verdict); ``pair_loss`` the path-patching numbers.  ``table`` has
     one row per head with its pattern masses, its losses alone and in its group, the random baseline and ``rule``:
     the sentence that named it or left it out.  ``gather_conv`` lists the SSM layers whose short convolution is
-    itself a Gather (:mod:`gather_aggregate.detect_conv`: no head, so it is not in ``gather`` and has no pairs),
+    itself a Gather (:mod:`gather_aggregate.detect.conv_gather`: no head, so it is not in ``gather`` and has no pairs),
     ``conv`` the test's record per layer with a short conv.
     """
 
@@ -275,7 +275,7 @@ READINGS = ("auto", "summary", "last", "last-1", "last-2")
 def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None, *, reading: str = "auto",
                   scores: list[dict[str, Any]] | None = None, batch_size: int = 16, max_candidates: int = 64,
                   seed: int = 0, z: float | None = None) -> GAHeads:
-    """Name Gather / Aggregate heads by the rule of :mod:`gather_aggregate.detect_rules`: chance-relative pattern
+    """Name Gather / Aggregate heads by the rule of :mod:`gather_aggregate.detect.rules`: chance-relative pattern
     masses make candidates, position-restricted joint ablation (greedy peeling) forms each role's group, a group is
     named when it beats random head sets of the same size and kinds, and path patching pairs Gather with Aggregate
     heads.  One setting serves every model; nothing is decided by a z-score.
@@ -287,8 +287,8 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     (``ablation_drop`` and the z-scores ``z_gather``/``z_aggregate``/``z_ablation``, for ranking by eye).  ``z`` is
     accepted for compatibility and unused.
     """
-    from gather_aggregate.detect_evidence import parse_read
-    from gather_aggregate.detect_rules import decide
+    from gather_aggregate.detect.pattern_evidence import parse_read
+    from gather_aggregate.detect.rules import decide
     from gather_aggregate.tasks.base import check_examples
     from gather_aggregate.tasks.fit import check_fits
 

@@ -52,8 +52,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import HookedModel
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import HookedModel
 
 READS = ("summary", "last-1", "last-2")
 
@@ -135,7 +135,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
     plus ``read_profile``: per read position of ``profile`` (default :func:`candidate_reads`), each head's query-row
     mass on that token of the correct segment, averaged over the prompts (0 where the correct segment cannot be
     read there): how :func:`choose_read` finds where the model reads."""
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
     from gather_aggregate.tasks.base import collate
 
     examples = list(examples)

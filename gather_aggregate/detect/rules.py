@@ -2,13 +2,13 @@
 
 For each role (Gather, Aggregate):
 
-1. **Pattern candidates** (:mod:`gather_aggregate.detect_evidence`): heads whose pattern shows the role in
+1. **Pattern candidates** (:mod:`gather_aggregate.detect.pattern_evidence`): heads whose pattern shows the role in
    chance-relative terms (a Gather head's read row puts at least twice the uniform mass, and at least 0.1, on its
    own segment; an Aggregate head's query row favours the correct segment over every wrong one in at least half
    the prompts, gives it at least twice the uniform share, and at least twice what it gives the same slot when
    that slot holds a wrong segment).  At most ``max_candidates`` per role, strongest
    first (the only use of ranking).
-2. **A group, by peeling** (:func:`gather_aggregate.detect_causal.peel`): all candidates are zero-ablated together
+2. **A group, by peeling** (:func:`gather_aggregate.detect.causal_evidence.peel`): all candidates are zero-ablated together
    where the role acts (Gather: the segments' tokens; Aggregate: the query position) and heads are dropped one at
    a time while some head, restored alone, gives back less than ``KEEP_MIN`` (0.05) of the retrieval margin.  A
    lone head, two redundant heads and four redundant heads come out of the same rule.
@@ -18,13 +18,13 @@ For each role (Gather, Aggregate):
    as many ordinary heads does.  Heads that alone cost ``NAME_MIN`` where the role acts are left out of the random
    pool (they are reported): a head that moves the query key is not an ordinary head.
 
-**A short convolution as the Gather** (:mod:`gather_aggregate.detect_conv`): in every SSM layer with a short
+**A short convolution as the Gather** (:mod:`gather_aggregate.detect.conv_gather`): in every SSM layer with a short
 conv, keeping only the conv's current-token tap at the segments' read positions is compared with the same at as
 many other segment tokens; the layer's conv is named (``gather_conv``) when it costs ``NAME_MIN`` and beats that
 baseline by ``NAME_MIN``.
 
 Then **pairs**: a Gather head and a later Aggregate head are paired when path patching
-(:func:`gather_aggregate.detect_causal.path_losses`) shows that restoring only the path from the one into the
+(:func:`gather_aggregate.detect.causal_evidence.path_losses`) shows that restoring only the path from the one into the
 other's keys and values gives back at least ``PAIR_MIN`` (0.1) of the margin.
 
 A model whose clean retrieval is within ``MIN_MARGIN`` (0.1 nats) of chance has nothing to detect: the rule names
@@ -37,9 +37,18 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from gather_aggregate.detect_causal import KEEP_MIN, N_RANDOM, Prober, path_losses, peel, random_losses
-from gather_aggregate.detect_conv import conv_gather
-from gather_aggregate.detect_evidence import (
+from gather_aggregate.core.errors import GAWarning, InputError, warn
+from gather_aggregate.core.protocol import Head, HookedModel
+from gather_aggregate.detect.causal_evidence import (
+    KEEP_MIN,
+    N_RANDOM,
+    Prober,
+    path_losses,
+    peel,
+    random_losses,
+)
+from gather_aggregate.detect.conv_gather import conv_gather
+from gather_aggregate.detect.pattern_evidence import (
     READS,
     check_readable,
     choose_read,
@@ -49,8 +58,6 @@ from gather_aggregate.detect_evidence import (
     parse_read,
     pattern_evidence,
 )
-from gather_aggregate.errors import GAWarning, InputError, warn
-from gather_aggregate.protocol import Head, HookedModel
 
 NAME_MIN = 0.25
 PAIR_MIN = 0.1

@@ -36,11 +36,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gather_aggregate.checks import HEAD_KINDS, check_model, names
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import as_index
-from gather_aggregate.protocol import Head, HookedModel, LayerKind
-from gather_aggregate.session import analysis
+from gather_aggregate.core.arguments import HEAD_KINDS, check_model, names
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import as_index
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.protocol import Head, HookedModel, LayerKind
 
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
@@ -186,7 +186,7 @@ def resample_hooks(model: HookedModel, heads: Sequence[Head], examples: Sequence
     on another example of the set (a seeded derangement, :func:`resample_index`), whichever batches the evaluator
     forms, its continuation rows for multi-token candidates included.  Positions past the other prompt's end
     take the outputs at its padding."""
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
     from gather_aggregate.tasks.base import collate
 
     heads = model.check_head_set(heads)

@@ -22,7 +22,7 @@ Two ways to resume, chosen per layer by :func:`plan`:
 Both give the naive one-forward-per-edit numbers up to float rounding (tested
 in ``tests/test_scan.py``).
 
-With a :class:`~gather_aggregate.readout.ReadoutMetric` the forward stops
+With a :class:`~gather_aggregate.core.readout.ReadoutMetric` the forward stops
 once the *last* layer's mixer output is in (a hook raises :class:`_Stop`) and
 finishes at the metric's positions only: the rest of the last layer, the final
 norm and the unembedding act on each position alone, so the rows the metric
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.interventions import Edit, edit_hook
-from gather_aggregate.protocol import HookedModel
-from gather_aggregate.readout import ReadoutMetric
+from gather_aggregate.core.protocol import HookedModel
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.interventions.ablation import Edit, edit_hook
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Transformers through TransformerLens 4.x's ``TransformerBridge``.
 
 :class:`BridgeModel` wraps a bridge and answers the project's model protocol
-(:mod:`gather_aggregate.protocol`).  Attributes it does not define are looked
+(:mod:`gather_aggregate.core.protocol`).  Attributes it does not define are looked
 up on the bridge, so ``model.blocks``, ``model.cfg``, ``model.W_O`` ... work as
 in TransformerLens.
 
@@ -21,13 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.bridge_mla import mla_at_rows, split_mla_heads
-from gather_aggregate.checks import is_cache
-from gather_aggregate.errors import InputError, UnsupportedModelError
-from gather_aggregate.hook_checks import check_cache_names, check_hook_names, checked_hooks
-from gather_aggregate.indices import layer_bound
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
-from gather_aggregate.support import (  # noqa: F401 - INEXACT_CONFIGS, refuse_inexact: re-exported, their old home
+from gather_aggregate.core.arguments import is_cache
+from gather_aggregate.core.errors import InputError, UnsupportedModelError
+from gather_aggregate.core.hook_names import check_cache_names, check_hook_names, checked_hooks
+from gather_aggregate.core.indices import layer_bound
+from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+from gather_aggregate.models.bridge_mla import mla_at_rows, split_mla_heads
+from gather_aggregate.models.supported import (  # noqa: F401 - INEXACT_CONFIGS, refuse_inexact: re-exported, their old home
     INEXACT_CONFIGS,
     bridge_architecture,
     refuse_inexact,
@@ -106,7 +106,7 @@ def _rotates_halves(attn: Any) -> bool:
     Llama): Cohere's and GLM's rotate interleaved pairs, which :meth:`BridgeModel.mixer_at_rows` does not write."""
     import sys
 
-    from gather_aggregate.adapters.attention import rotate_half
+    from gather_aggregate.core.rotary import rotate_half
 
     theirs = getattr(sys.modules.get(type(attn).__module__), "rotate_half", None)
     probe = torch.arange(8.0)[None]
@@ -141,14 +141,14 @@ class BridgeModel(ProtocolMixin):
     def from_hf(cls, hf_model: torch.nn.Module, tokenizer: Any = None, *, copy_model: bool = True,
                 name: str | None = None) -> BridgeModel:
         """Wrap an in-memory HF causal LM.  The user's model is deep-copied first (the bridge edits its module tree)."""
-        from gather_aggregate.support import refuse_non_decoder, refuse_unservable, unbridged_message
+        from gather_aggregate.models.supported import refuse_non_decoder, refuse_unservable, unbridged_message
 
         config = hf_model.config
         archs = list(getattr(config, "architectures", None) or [type(hf_model).__name__])
         refuse_unservable(config, archs)
         refuse_inexact(archs, config)
         refuse_non_decoder(config, archs)
-        from gather_aggregate.loading_checks import refuse_headless_module
+        from gather_aggregate.models.checkpoint_checks import refuse_headless_module
 
         refuse_headless_module(hf_model)  # AutoModel's LlamaModel, its config naming LlamaForCausalLM: an AttributeError
         arch = bridge_architecture(archs)
@@ -353,12 +353,12 @@ class BridgeModel(ProtocolMixin):
         """Attention output of ``layer`` at query positions ``rows`` (``[batch, k]``) only, from the layer's input:
         keys and values at every position, queries, scores and outputs at the ``k`` rows.  Llama-family attention
         (q/k/v/o projections, the model's full-width rotary embedding, no q/k norms, logit soft-capping, q/k/v
-        clipping or attention sinks) and multi-head latent attention (:func:`~gather_aggregate.bridge_mla.mla_at_rows`)
+        clipping or attention sinks) and multi-head latent attention (:func:`~gather_aggregate.models.bridge_mla.mla_at_rows`)
         only; ``None`` for any other.  A sliding window ``w`` (the layer's, or the
         config's where ``layer_types`` is absent or marks the layer ``sliding_attention``, as HF's mask builder
         does) keeps keys ``q - w < k <= q``.  The exact scan compares it with the full forward on every run before
         using it."""
-        from gather_aggregate.adapters.attention import rotate_half
+        from gather_aggregate.core.rotary import rotate_half
 
         L = self.check_layer(layer).index
         block = self.module.blocks[L]
@@ -440,7 +440,7 @@ class BridgeModel(ProtocolMixin):
 
     def run_with_hooks(self, tokens: Any, *args: Any, fwd_hooks: Sequence[tuple[Any, Any]] = (),
                        bwd_hooks: Sequence[tuple[Any, Any]] = (), **kwargs: Any) -> Tensor:
-        """TransformerLens' ``run_with_hooks``, with the checks of :mod:`gather_aggregate.hook_checks`."""
+        """TransformerLens' ``run_with_hooks``, with the checks of :mod:`gather_aggregate.core.hook_names`."""
         check_hook_names(self, list(bwd_hooks))
         fwd = checked_hooks(self, fwd_hooks)
         if kwargs.get("start_at_layer") is None:

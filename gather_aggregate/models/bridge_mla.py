@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
 
 
 def split_mla_heads(bridge: Any) -> dict[int, int]:

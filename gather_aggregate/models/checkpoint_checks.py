@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import CheckpointError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.core.errors import CheckpointError, ModelLoadError, UnsupportedModelError
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
@@ -165,7 +165,7 @@ def refuse_headless_module(hf_model: Any) -> None:
 def unwrap_module(hf_model: Any) -> Any:
     """The HF model inside ``torch.compile``'s ``OptimizedModule`` or (Distributed)DataParallel; a model whose
     parameters are on the meta device (built under ``init_empty_weights`` / ``device="meta"``) is refused."""
-    from gather_aggregate.errors import InputError
+    from gather_aggregate.core.errors import InputError
 
     for _ in range(3):
         inner = getattr(hf_model, "_orig_mod", None) or (getattr(hf_model, "module", None)
@@ -178,15 +178,3 @@ def unwrap_module(hf_model: Any) -> Any:
                          "init_empty_weights or device='meta'); load its weights first, or pass its directory to "
                          "load_model")
     return hf_model
-
-
-def refuse_lfs_pointers(files: list[Path], error: type[Exception] = CheckpointError) -> list[Path]:
-    """``files``, unless one is a Git LFS pointer (a repository cloned without ``git lfs``: each weight file is a
-    ~130-byte text stub).  Was "damaged or truncated" (or torch's advice to retry with ``weights_only=False``)."""
-    for f in files:
-        with open(f, "rb") as fh:
-            if fh.read(40).startswith(b"version https://git-lfs"):
-                raise error(f"{str(f)!r} is a Git LFS pointer, not the file itself (the repository was cloned "
-                            "without its LFS files): run `git lfs pull` in it, or download the model with "
-                            "`hf download ORG/NAME --local-dir DIR`")
-    return files

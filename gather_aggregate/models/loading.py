@@ -4,7 +4,7 @@ Dispatch is on the HF ``config.model_type``:
 
 * SSM and hybrid types go to our hooked models in :mod:`gather_aggregate.adapters`;
 * every architecture TransformerLens' ``TransformerBridge`` supports comes back
-  as a :class:`gather_aggregate.bridge.BridgeModel`.
+  as a :class:`gather_aggregate.models.bridge.BridgeModel`.
 
 Models load from a local directory (``save_pretrained`` layout) or, when the
 hub is reachable or the files are in the local HF cache, from a hub name.
@@ -16,9 +16,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError, ModelLoadError, TokenizerMissingError, UnsupportedModelError
-from gather_aggregate.loading_checks import _TOKENIZER_FILES, file_message, no_config_message
-from gather_aggregate.session import outside_inference_mode
+from gather_aggregate.core.errors import (
+    InputError,
+    ModelLoadError,
+    TokenizerMissingError,
+    UnsupportedModelError,
+)
+from gather_aggregate.core.model_state import outside_inference_mode
+from gather_aggregate.models.checkpoint_checks import _TOKENIZER_FILES, file_message, no_config_message
 
 
 def _offline() -> bool:
@@ -44,8 +49,8 @@ def ssm_model_types() -> tuple[str, ...]:
 
 def supported_model_types() -> dict[str, list[str]]:
     """What ``load_model`` accepts: SSM/hybrid ``model_type``s and the decoder-only transformer architectures it
-    serves through TransformerLens' bridge (:func:`gather_aggregate.support.decoder_architectures`)."""
-    from gather_aggregate.support import decoder_architectures
+    serves through TransformerLens' bridge (:func:`gather_aggregate.models.supported.decoder_architectures`)."""
+    from gather_aggregate.models.supported import decoder_architectures
 
     return {"ssm_and_hybrid_model_types": sorted(ssm_model_types()),
             "transformer_architectures": decoder_architectures()}
@@ -194,7 +199,7 @@ def load_tokenizer(source: str) -> Any:
             tok = PreTrainedTokenizerFast.from_pretrained(source)
         return tok
     except Exception as exc:  # noqa: BLE001
-        from gather_aggregate.loading_checks import refuse_lfs_pointers
+        from gather_aggregate.adapters.weight_files import refuse_lfs_pointers
 
         refuse_lfs_pointers([Path(source) / f for f in _TOKENIZER_FILES if (Path(source) / f).is_file()],
                             TokenizerMissingError)  # was "Expecting value: line 1 column 1 (char 0)"
@@ -316,7 +321,7 @@ def load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dtyp
     with outside_inference_mode():  # parameters made under inference_mode would refuse every gradient estimate
         model = _load_model(name_or_path, device=device, dtype=dtype, tokenizer=tokenizer, device_map=device_map,
                             **kwargs)
-    # how to load it again, for workers of a distributed job (gather_aggregate.distributed.model_loader)
+    # how to load it again, for workers of a distributed job (gather_aggregate.scan.distributed.model_loader)
     spec = {"device": device, "dtype": dtype, **kwargs, **({} if tokenizer is None else {"tokenizer": tokenizer}),
             **({} if device_map is None else {"device_map": device_map})}
     model.ga_load_spec = (str(name_or_path), spec)
@@ -339,24 +344,24 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
                                           device_map=device_map, **kwargs), name_or_path)
         model.tokenizer = tokenizer if tokenizer is not None else _optional_tokenizer(str(name_or_path))
         return model
-    from gather_aggregate.hybridise.model import is_head_hybrid_dir
+    from gather_aggregate.models.head_hybrid.model import is_head_hybrid_dir
 
     if is_head_hybrid_dir(name_or_path):  # a hybridised transformer (gather_aggregate.hybridise)
-        from gather_aggregate.hybridise.model import load_head_hybrid
+        from gather_aggregate.models.head_hybrid.model import load_head_hybrid
 
         model = load_head_hybrid(name_or_path, device=device, dtype=parse_dtype(dtype))
         model.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(name_or_path))
         return model
     config, source = _resolve_config(name_or_path)
     dtype = parse_dtype(dtype)
-    from gather_aggregate.loading_checks import refuse_headless
+    from gather_aggregate.models.checkpoint_checks import refuse_headless
 
     archs = list(getattr(config, "architectures", None) or [])
     model_type = getattr(config, "model_type", None)
 
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
-        from gather_aggregate.loading_checks import refuse_quantized
+        from gather_aggregate.models.checkpoint_checks import refuse_quantized
 
         refuse_headless(archs, f"the checkpoint in {source!r} is ")
         refuse_quantized(config, source)
@@ -368,9 +373,9 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if kwargs:
         raise UnsupportedModelError(f"options {sorted(kwargs)} apply only to SSM/hybrid models, not {model_type!r}")
 
-    from gather_aggregate.bridge import BridgeModel, bridge_architecture, refuse_inexact
-    from gather_aggregate.loading_checks import quantized_import_error, refuse_empty, refuse_missing
-    from gather_aggregate.support import refuse_non_decoder, refuse_unservable, unbridged_message
+    from gather_aggregate.models.bridge import BridgeModel, bridge_architecture, refuse_inexact
+    from gather_aggregate.models.checkpoint_checks import quantized_import_error, refuse_empty, refuse_missing
+    from gather_aggregate.models.supported import refuse_non_decoder, refuse_unservable, unbridged_message
 
     refuse_unservable(config, archs)
     refuse_non_decoder(config, archs)
@@ -386,10 +391,10 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
     if device is not None and device_map is not None:
         raise ModelLoadError("pass device= or device_map=, not both")
     if Path(source).is_dir():  # no weight file, or missing shards: named here, not as a "damaged" file
-        from gather_aggregate.adapters.streaming import weight_files
+        from gather_aggregate.adapters.weight_files import weight_files
 
         weight_files(Path(source))
-    from gather_aggregate.loading_stream import stream_fused_experts
+    from gather_aggregate.models.moe_streaming import stream_fused_experts
 
     # MoE experts that HF fuses at load time: read straight into the fused tensors (HF's copies peaked at 1.9x)
     hf = None if device_map is not None else _weights(lambda: stream_fused_experts(source, config, dtype), source)
@@ -411,7 +416,7 @@ def _load_model(name_or_path: str | os.PathLike[str], *, device: Any = None, dty
 def _weights(load: Any, source: Any) -> Any:
     """Run a weight-loading call; a damaged or truncated weight file becomes one :class:`CheckpointError`
     (the class the streaming loader raises for the same damage), naming the file or directory."""
-    from gather_aggregate.errors import CheckpointError, GAError
+    from gather_aggregate.core.errors import CheckpointError, GAError
 
     try:
         return load()
@@ -446,14 +451,14 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
         raise InputError(f"from_hf_model takes an in-memory transformers model (e.g. "
                          f"AutoModelForCausalLM.from_pretrained(dir)), got {type(hf_model).__name__}; for a directory "
                          "or zoo name use load_model(...)")
-    from gather_aggregate.loading_checks import unwrap_module
+    from gather_aggregate.models.checkpoint_checks import unwrap_module
 
     hf_model = unwrap_module(hf_model)  # torch.compile / DataParallel were "OptimizedModule is not supported"
     tokenizer = None if tokenizer is None or tokenizer is False else _user_tokenizer(tokenizer)  # as load_model
     model_type = getattr(hf_model.config, "model_type", None)
     if model_type in ssm_model_types():
         from gather_aggregate.adapters import load_ssm
-        from gather_aggregate.loading_checks import refuse_headless_module
+        from gather_aggregate.models.checkpoint_checks import refuse_headless_module
 
         refuse_headless_module(hf_model)  # AutoModel's Mamba2Model was "missing keys (21)"
         extra = {} if head_size is None else {"head_size": head_size}
@@ -463,7 +468,7 @@ def from_hf_model(hf_model: Any, tokenizer: Any = None, *, head_size: int | None
         return model
     if head_size is not None:  # as load_model: an SSM option on a transformer is a mistake, not a no-op
         raise UnsupportedModelError(f"options ['head_size'] apply only to SSM/hybrid models, not {model_type!r}")
-    from gather_aggregate.bridge import BridgeModel
+    from gather_aggregate.models.bridge import BridgeModel
 
     with outside_inference_mode():
         return BridgeModel.from_hf(hf_model, tokenizer, copy_model=True)

@@ -9,7 +9,7 @@ prompt of ``L`` tokens (``e`` bytes per element, batch ``b``):
   ``d_inner · k``;
 * a Mamba-2 layer keeps its state ``n_heads · d_head · d_state`` and its conv
   window ``(d_inner + 2 · n_groups · d_state) · k``;
-* a layer of a head-level hybrid (:mod:`gather_aggregate.hybridise.model`)
+* a layer of a head-level hybrid (:mod:`gather_aggregate.models.head_hybrid.model`)
   keeps keys and values only for the kv heads its kept attention heads read,
   and per SSM head a state ``d_head · d_state`` and a conv window
   ``(d_head + 2 · d_state) · k``.
@@ -21,7 +21,7 @@ the zoo's Llama, Mamba-2 and Bamba models and a Mamba-1 config).  Sliding
 windows and cache quantisation are not modelled.
 
 The config is an HF config object, the ``config.json`` dict of a checkpoint,
-or a :class:`~gather_aggregate.hybridise.config.HeadHybridConfig`; no model
+or a :class:`~gather_aggregate.models.head_hybrid.config.HeadHybridConfig`; no model
 is built and nothing heavy is imported.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, UnsupportedModelError
 
 #: The prompt lengths of the paper's memory table.
 DEFAULT_LENGTHS: tuple[int, ...] = (128, 2048, 4096)
@@ -108,7 +108,7 @@ def _elements(c: dict[str, Any], L: int) -> tuple[int, int, int]:
     """``(kv, state, conv)`` element counts per sequence."""
     mt = c.get("model_type")
     if mt == "ga_head_hybrid":
-        from gather_aggregate.hybridise.config import HeadHybridConfig
+        from gather_aggregate.models.head_hybrid.config import HeadHybridConfig
 
         return HeadHybridConfig.from_dict(c).cache_elements(L)
     if mt in ("mamba", "falcon_mamba"):

@@ -115,7 +115,8 @@ def stream_fused_experts(source: str | Path, config: Any, dtype: Any) -> Any:
     (no expert fusion, so ``from_pretrained``'s lazy load is already lean; or a layout not mapped exactly)."""
     from transformers import AutoModelForCausalLM
 
-    from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype, weight_files
+    from gather_aggregate.adapters.streaming import Checkpoint, copy_source, resolve_dtype
+    from gather_aggregate.adapters.weight_files import weight_files
 
     d = Path(source)
     if not d.is_dir() or getattr(config, "quantization_config", None) is not None or not _fuses_weights(config):

@@ -5,7 +5,7 @@ recurrence with per-head implied attention.  TransformerLens' bridge wraps many 
 architectures, some of which are recurrent (RWKV, RecurrentGemma, LFM2, xLSTM, ...); handed to
 the bridge they would load, be listed as ``attn`` layers and fail deep inside TransformerLens on the
 first ``pattern()``.  :func:`refuse_unservable` stops them at load time with
-:class:`~gather_aggregate.errors.UnsupportedModelError`, naming what is supported.  :func:`refuse_non_decoder`
+:class:`~gather_aggregate.core.errors.UnsupportedModelError`, naming what is supported.  :func:`refuse_non_decoder`
 does the same for what is no decoder-only language model (an encoder-decoder, a multimodal wrapper, a bidirectional
 encoder), and :func:`unbridged_message` words the refusal of a transformer TransformerLens' bridge has no adapter for.
 :data:`INEXACT_ARCHITECTURES` lists what the bridge wraps but not exactly for this toolkit (checked per family by
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
 
 #: Recurrent or hybrid ``model_type``s the protocol does not serve (yet), with what their layers are.
 NOT_SERVED: dict[str, str] = {
@@ -107,7 +107,7 @@ INEXACT_ARCHITECTURES["JetMoEForCausalLM"] = INEXACT_ARCHITECTURES["JetMoeForCau
 
 
 #: Config values (by ``model_type``: field, value, why) TransformerLens 4.3's bridge does not reproduce, found by the
-#: config fuzz (``adapters/config_fuzz.py``).  ``value`` is the refused value, or a test of the config (``get(field)``
+#: config fuzz (``gather_aggregate/testing/fuzz/draws.py``).  ``value`` is the refused value, or a test of the config (``get(field)``
 #: -> bool) whose ``why`` then also says what loads.  Of these, OPT's post-LN layout (OPT-350m) and Falcon's new
 #: decoder layout with grouped KV heads or one LayerNorm (Falcon-40B, -180B, Falcon2-11B) are in released checkpoints.
 INEXACT_CONFIGS: dict[str, list[tuple[str, Any, str]]] = {

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.protocol import HookedModel
+from gather_aggregate.core.protocol import HookedModel
 from gather_aggregate.viz.circuit import head_name
 
 UNIT = {"kv": "line", "letter-mc": "option", "content-mc": "option", "mqar": "pair"}
@@ -109,7 +109,7 @@ def segment_views(model: HookedModel, example: Any, g: Mapping[str, Any], table:
 
 
 def _circuit_section(m: str, g: Mapping[str, Any], table: Sequence[Mapping[str, Any]], view: Mapping[str, Any]) -> Any:
-    from gather_aggregate.report import Html
+    from gather_aggregate.report.html import Html
     from gather_aggregate.viz.circuit import circuit_diagram
 
     by = {(int(r["layer"]), int(r["head"])): r for r in table}
@@ -131,7 +131,7 @@ def _circuit_section(m: str, g: Mapping[str, Any], table: Sequence[Mapping[str, 
 
 
 def _strips_section(m: str, view: Mapping[str, Any], unit: str) -> Any:
-    from gather_aggregate.report import Html
+    from gather_aggregate.report.html import Html
     from gather_aggregate.viz.tokens import token_strip
 
     gname, aname = head_name(view["gather"]), head_name(view["aggregate"])
@@ -153,7 +153,7 @@ def _strips_section(m: str, view: Mapping[str, Any], unit: str) -> Any:
 
 
 def _sharp_section(views: Mapping[str, Mapping[str, Any]], same_prompt: bool) -> Any | None:
-    from gather_aggregate.report import Figure
+    from gather_aggregate.report.html import Figure
     from gather_aggregate.viz import sharp_vs_smooth
 
     def on_correct(m: str) -> float:
@@ -190,7 +190,7 @@ def write_demo_report(out: Path, summary: Mapping[str, Any], models: Mapping[str
                       extra: Sequence[Any] = ()) -> tuple[Path, dict[str, Any]]:
     """Write ``out/report.html`` (``extra`` sections before the closing table); returns its path and each
     model's views (for the console summary)."""
-    from gather_aggregate.report import Figure, Markdown, Table, write_report
+    from gather_aggregate.report.html import Figure, Markdown, Table, write_report
     from gather_aggregate.viz import head_score_heatmaps, kv_accuracy_curve
     from gather_aggregate.viz.curves import ablation_small_multiples
 

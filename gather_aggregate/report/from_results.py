@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 from gather_aggregate.viz.circuit import head_name
 
 _HASH = re.compile(r"^[0-9a-f]{16}$")
@@ -47,7 +47,7 @@ def _fmt(x: Any) -> str:
 
 
 def _scan_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
-    from gather_aggregate.report import Figure, Table
+    from gather_aggregate.report.html import Figure, Table
     from gather_aggregate.viz import head_score_heatmaps
 
     meta = data.get("meta", {})
@@ -66,7 +66,7 @@ def _scan_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
 
 
 def _detect_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
-    from gather_aggregate.report import Figure, KeyValues, Table
+    from gather_aggregate.report.html import Figure, KeyValues, Table
     from gather_aggregate.viz import head_score_heatmaps
 
     meta, rows = data.get("meta", {}), data["rows"]
@@ -104,7 +104,7 @@ def _detect_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]
 
 
 def _ablate_sections(data: Mapping[str, Any], model: str) -> list[Any]:
-    from gather_aggregate.report import Table
+    from gather_aggregate.report.html import Table
 
     clean, ablated = data.get("clean", {}), data.get("ablated", {})
     rows = [{"task": t, "clean": clean[t], "ablated": ablated.get(t), "change": ablated.get(t, 0) - clean[t]}
@@ -117,7 +117,7 @@ def _sections(name: str, data: Mapping[str, Any], model: str, rel: str, secs: li
     """Append the report sections of one result file to ``secs``; whether the file is a result at all."""
     import torch
 
-    from gather_aggregate.report import KeyValues
+    from gather_aggregate.report.html import KeyValues
     from gather_aggregate.viz import attention_heads
 
     if name == "eval":
@@ -131,7 +131,7 @@ def _sections(name: str, data: Mapping[str, Any], model: str, rel: str, secs: li
     elif name == "ablate" and "clean" in data:
         secs += _ablate_sections(data, model)
     elif name == "lm_eval" and data.get("rows"):
-        from gather_aggregate.lm_eval.schedule import report_sections
+        from gather_aggregate.report.lm_eval_sections import report_sections
 
         secs += report_sections(data)
     elif name == "pattern" and "pattern" in data:
@@ -146,8 +146,8 @@ def _sections(name: str, data: Mapping[str, Any], model: str, rel: str, secs: li
 
 
 def build_report_from_dir(results: Path, out: Path) -> Path:
-    from gather_aggregate.errors import GAError
-    from gather_aggregate.report import write_report
+    from gather_aggregate.core.errors import GAError
+    from gather_aggregate.report.html import write_report
 
     by_model: dict[str, list[Any]] = {}
     found = []

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.io import atomic_write_text
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.results_io import atomic_write_text
+from gather_aggregate.viz.static import is_plotly_figure
 
 
 # --------------------------------------------------------------------------- section types
@@ -135,7 +136,7 @@ def as_section(obj: Any) -> Section:
 
     if isinstance(obj, AttentionView):
         return Attention(obj)
-    if _is_plotly_figure(obj):
+    if is_plotly_figure(obj):
         return Figure(obj)
     if isinstance(obj, Mapping):
         return KeyValues(obj)
@@ -148,14 +149,6 @@ def as_section(obj: Any) -> Section:
         f"cannot put a {type(obj).__name__} in a report; use Markdown/Text (str), Table (list of dicts), "
         "Figure (plotly go.Figure), Attention (gather_aggregate.viz.attention_heads(...)) or KeyValues (dict)"
     )
-
-
-def _is_plotly_figure(obj: Any) -> bool:
-    try:
-        from plotly.basedatatypes import BaseFigure
-    except ImportError:  # pragma: no cover - plotly is a dependency
-        return False
-    return isinstance(obj, BaseFigure)
 
 
 # --------------------------------------------------------------------------- markdown (small, safe subset)
@@ -333,7 +326,7 @@ def _table_html(section: Table) -> str:
 def _figure_html(fig: Any, anchor: str) -> str:
     import plotly.io as pio
 
-    if not _is_plotly_figure(fig):
+    if not is_plotly_figure(fig):
         raise InputError(f"Figure sections take a plotly figure, got {type(fig).__name__}")
     html_text = pio.to_html(fig, full_html=False, include_plotlyjs=False, include_mathjax=False,
                             div_id=f"{anchor}-plot", config={"displaylogo": False, "responsive": True})

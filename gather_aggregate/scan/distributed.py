@@ -9,22 +9,22 @@ imported only when a job runs.  The one engine is :func:`run_sharded`:
   loaded (a job with another loader, or :func:`shutdown_workers`, releases
   them);
 * the driver writes the rows of every finished shard into one table
-  (JSON + CSV, atomically, :func:`gather_aggregate.io.write_table`) and records
+  (JSON + CSV, atomically, :func:`gather_aggregate.core.results_io.write_table`) and records
   the finished shards' keys in its ``meta``, so an interrupted job resumes
   with ``resume=True`` and runs only the shards that are missing;
 * a shard whose worker dies (killed, out of memory, node lost) is re-run on a
   fresh worker; its rows enter the table only once, when a run of it
   finishes, so nothing is lost or counted twice.
 
-Jobs built on it: :func:`gather_aggregate.scan.exact_scan_ray` (behind
+Jobs built on it: :func:`gather_aggregate.scan.exact.exact_scan_ray` (behind
 ``exact_scan(..., ray=True)``) shards an exact head scan by heads, aligned to
 its stacked forwards so the numbers are those of one process, bit for bit, and
 writes the table ``exact_scan`` writes (either resumes the other's file);
-:func:`gather_aggregate.experiments.ablation_sweep` scores a list of head sets.
+:func:`gather_aggregate.studies.ablation_tables.ablation_sweep` scores a list of head sets.
 
 ``address``: ``None`` starts (or reuses) a local Ray cluster; ``"auto"`` or
 ``"host:port"`` / ``"ray://host:port"`` joins a running one.  An address that
-does not answer raises :class:`~gather_aggregate.errors.ClusterUnreachableError`.
+does not answer raises :class:`~gather_aggregate.core.errors.ClusterUnreachableError`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gather_aggregate.errors import ClusterUnreachableError, InputError, ResumeMismatchError
-from gather_aggregate.io import check_output_file, write_table
+from gather_aggregate.core.errors import ClusterUnreachableError, InputError, ResumeMismatchError
+from gather_aggregate.core.results_io import check_output_file, write_table
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.protocol import HookedModel
+    from gather_aggregate.core.protocol import HookedModel
 
 Rows = list[dict[str, Any]]
 
@@ -55,7 +55,7 @@ def check_ray_options(ray: Any, address: Any, num_workers: Any, **counts: Any) -
     """Whether a job goes to Ray, after checking its options before any cluster starts (``ray="host:port"`` ran a
     local cluster and ignored the address; ``num_workers=2.5`` reached Ray's own resource check).  ``counts``:
     other whole numbers that must be at least 1 (``shard_size=4``)."""
-    from gather_aggregate.indices import as_index
+    from gather_aggregate.core.indices import as_index
 
     if not isinstance(ray, bool):
         hint = f"; to join the cluster at {ray!r}, pass ray_address={ray!r}" if isinstance(ray, str) else ""
@@ -257,7 +257,7 @@ def model_loader(model: str | Path | Callable[[], HookedModel] | HookedModel) ->
     returned by :func:`gather_aggregate.load_model` (which records how it was loaded)."""
     import functools
 
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.models.loading import load_model
 
     if isinstance(model, (str, Path)):
         return functools.partial(load_model, str(model))

@@ -14,7 +14,7 @@ Three implementations, one answer:
 * :func:`exact_scan`  the same numbers, faster: one clean forward caches what
   each scanned layer needs, and the ablations of many heads of that layer run
   in one stacked forward from there, without re-running the ablated layer's
-  mixer where the model allows it (:mod:`gather_aggregate.layer_resume`).
+  mixer where the model allows it (:mod:`gather_aggregate.interventions.layer_resume`).
   Equal to the naive loop up to float rounding (tested).
 * :func:`atp_scan`  attribution patching: one forward and one backward give the
   first-order estimate ``-(z_ablated - z) · ∂metric/∂z`` for every head at once.
@@ -22,13 +22,12 @@ Three implementations, one answer:
 Scans write a tidy table (layer, head, kind, score, rank, ...) atomically as
 JSON + CSV after every chunk, and ``resume=True`` continues an interrupted scan
 from that file (refusing one from another model or task).  A run killed at any
-moment leaves files that parse and agree (see :func:`gather_aggregate.io.write_table`),
+moment leaves files that parse and agree (see :func:`gather_aggregate.core.results_io.write_table`),
 and the resumed scan writes exactly what an uninterrupted one writes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -38,42 +37,29 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate import layer_resume
-from gather_aggregate.checks import check_model
-from gather_aggregate.errors import InputError, NonFiniteError, ResumeMismatchError
-from gather_aggregate.indices import as_index
-from gather_aggregate.interventions import Edit, Method, ablation_hooks, group_by_layer, make_replacement
-from gather_aggregate.io import check_output_file
-from gather_aggregate.protocol import Head, HookedModel, device_of
-from gather_aggregate.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
-from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan_result import ScanResult, table_problem
-from gather_aggregate.session import analysis, gradients
+from gather_aggregate.core.arguments import check_model
+from gather_aggregate.core.errors import InputError, NonFiniteError, ResumeMismatchError
+from gather_aggregate.core.indices import as_index
+from gather_aggregate.core.model_state import analysis, gradients
+from gather_aggregate.core.protocol import Head, HookedModel, device_of
+from gather_aggregate.core.provenance import model_fingerprint, task_fingerprint  # noqa: F401 - public here too
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.core.results_io import check_output_file
+from gather_aggregate.interventions import layer_resume
+from gather_aggregate.interventions.ablation import (
+    Edit,
+    Method,
+    ablation_hooks,
+    group_by_layer,
+    make_replacement,
+)
+from gather_aggregate.scan.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
+from gather_aggregate.scan.result import ScanResult, table_problem
 
 Metric = Callable[[Tensor], Tensor]
 
 
 # ---- fingerprints (resume safety) ---------------------------------------------------
-def model_fingerprint(model: HookedModel) -> str:
-    """Cheap identity of a model: its layer layout and a sample of every parameter."""
-    h = hashlib.sha256(repr([(i.kind, i.n_heads, i.d_head) for i in model.layers]).encode())
-    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
-    for name, p in module.named_parameters():
-        flat = p.detach().reshape(-1)
-        h.update(name.encode())
-        h.update(flat[:64].float().cpu().numpy().tobytes())
-        h.update(repr(round(float(flat.float().sum()), 4)).encode())
-    return h.hexdigest()[:16]
-
-
-def task_fingerprint(tokens: Tensor, metric: Metric, extra: dict[str, Any]) -> str:
-    h = hashlib.sha256(tokens.detach().cpu().numpy().tobytes())
-    h.update(str(tuple(tokens.shape)).encode())
-    h.update(getattr(metric, "__qualname__", type(metric).__name__).encode())
-    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
-
-
 def check_metric_fn(metric: Any) -> None:
     """Refuse a metric that is not a function ``logits -> scalar`` before any forward runs."""
     if not callable(metric):
@@ -199,7 +185,7 @@ def exact_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         check_output_file(out, twin=True)
     if max_rows is not None and (as_index(max_rows, "max_rows") < 1):
         raise InputError(f"max_rows={max_rows}: pass a positive number of stacked rows per forward, or None")
-    from gather_aggregate.distributed import check_ray_options
+    from gather_aggregate.scan.distributed import check_ray_options
 
     if check_ray_options(ray, ray_address, num_workers):
         return exact_scan_ray(model, tokens, metric, heads, method, reference, per_position=per_position,
@@ -275,10 +261,10 @@ def _chunk_rows(model: HookedModel, chunk: list[Edit], logits: Tensor, metric: M
     return rows
 
 
-# ---- the exact scan sharded over Ray workers (gather_aggregate.distributed) -------------------------------
+# ---- the exact scan sharded over Ray workers (gather_aggregate.scan.distributed) -------------------------------
 def _as_model(model: HookedModel | str | Path) -> HookedModel:
     if isinstance(model, (str, Path)):
-        from gather_aggregate.loading import load_model
+        from gather_aggregate.models.loading import load_model
 
         return load_model(str(model))
     return model
@@ -300,7 +286,7 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     table's fingerprints.  Each shard is a run of whole stacked forwards of one layer, so every number equals
     the single-process scan's.  The table (``out``) is exact_scan's: either resumes the other's file.
     """
-    from gather_aggregate.distributed import check_ray_options, model_loader, run_sharded
+    from gather_aggregate.scan.distributed import check_ray_options, model_loader, run_sharded
 
     check_ray_options(True, address, num_workers, threads=threads, shards_per_worker=shards_per_worker)
     model = _as_model(model)

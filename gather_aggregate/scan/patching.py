@@ -7,9 +7,9 @@ answer).  The table reports the raw metric and the normalised effect
 ``(patched - corrupted) / (clean - corrupted)``: 1 = the head alone restores the
 clean behaviour, 0 = no effect.
 
-Like :func:`gather_aggregate.scan.exact_scan`, one corrupted forward caches
+Like :func:`gather_aggregate.scan.exact.exact_scan`, one corrupted forward caches
 what each patched layer needs and many patches of that layer run in one stacked
-forward from there (:mod:`gather_aggregate.layer_resume`).
+forward from there (:mod:`gather_aggregate.interventions.layer_resume`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from typing import Any
 
 import torch
 
-from gather_aggregate import layer_resume
-from gather_aggregate.checks import check_model, count
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
-from gather_aggregate.indices import as_index
-from gather_aggregate.interventions import Edit, group_by_layer, head_outputs
-from gather_aggregate.protocol import Head, HookedModel
-from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan import (
+from gather_aggregate.core.arguments import check_model, count
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.indices import as_index
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.protocol import Head, HookedModel
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.interventions import layer_resume
+from gather_aggregate.interventions.ablation import Edit, group_by_layer, head_outputs
+from gather_aggregate.scan.exact import (
     Metric,
     ScanResult,
     _apply,
@@ -35,7 +36,6 @@ from gather_aggregate.scan import (
     check_metric_fn,
     default_max_rows,
 )
-from gather_aggregate.session import analysis
 
 
 @analysis
@@ -46,7 +46,7 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
 
     ``metric(logits) -> scalar``.  ``positions`` restricts the per-position
     sweep (default: every position).  ``score`` in the table is the normalised
-    effect.  ``max_rows``: as in :func:`~gather_aggregate.scan.exact_scan`.
+    effect.  ``max_rows``: as in :func:`~gather_aggregate.scan.exact.exact_scan`.
     """
     check_model(model)
     check_metric_fn(metric)

@@ -2,7 +2,7 @@
 
 Spearman ρ over every head weighs the order of heads whose drops the prompts cannot tell apart as much as the
 order of the heads that matter.  When the reference scan carries per-prompt standard errors (an exact scan with
-a per-prompt metric, :meth:`gather_aggregate.readout.ReadoutMetric.mean_of`), :func:`compare_rankings` also
+a per-prompt metric, :meth:`gather_aggregate.core.readout.ReadoutMetric.mean_of`), :func:`compare_rankings` also
 counts the pairs of heads the reference *resolves*, those whose drops differ by more than ``z`` combined
 standard errors,
 
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from gather_aggregate.checks import count, number
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.arguments import count, number
+from gather_aggregate.core.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.scan.result import ScanResult
 
 
 def compare_rankings(a: ScanResult, b: ScanResult, k: int = 5, *, z: float = 2.0) -> dict[str, float]:

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.checks import HEAD_KINDS, count, names, number
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import HEAD_NAME, as_index
-from gather_aggregate.io import read_json, write_table
-from gather_aggregate.protocol import Head
+from gather_aggregate.core.arguments import HEAD_KINDS, count, names, number
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import HEAD_NAME, as_index
+from gather_aggregate.core.protocol import Head
+from gather_aggregate.core.results_io import read_json, write_table
 
 #: rows shown by ``repr`` and by the Jupyter table
 SHOWN_TEXT, SHOWN_HTML = 10, 20

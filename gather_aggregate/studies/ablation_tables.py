@@ -13,18 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.checks import check_model, count
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import as_index, is_index
-from gather_aggregate.interventions import (
+from gather_aggregate.core.arguments import check_model, count
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import as_index, is_index
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.protocol import Head, HookedModel, LayerKind
+from gather_aggregate.interventions.ablation import (
     Method,
     ablation_hooks,
     heads_except,
     make_replacement,
     resample_hooks,
 )
-from gather_aggregate.protocol import Head, HookedModel, LayerKind
-from gather_aggregate.session import analysis
 
 Evaluator = Callable[[Any, Sequence[Any], Any], float]  # (model, examples, hooks or a batch -> hooks factory)
 
@@ -109,7 +109,7 @@ def remove_only(model: HookedModel, heads: Sequence[Head], task_sets: Mapping[st
                 seed: int = 0) -> dict[str, Any]:
     """Evaluate with exactly ``heads`` ablated, next to the clean model.  ``method="resample"`` without a
     ``reference``: each prompt's heads take their outputs on another prompt of the same set (a seeded
-    derangement, :func:`gather_aggregate.interventions.resample_hooks`)."""
+    derangement, :func:`gather_aggregate.interventions.ablation.resample_hooks`)."""
     _check_inputs(model, task_sets, evaluator)
     heads = model.check_head_set(heads)
     if not heads:
@@ -190,8 +190,8 @@ def layer_pruning(model: HookedModel, task_sets: Mapping[str, Sequence[Any]], *,
 def _sweep_shard(model: HookedModel, shard: tuple[int, list[list[tuple[int, int]]], dict[str, Any]]) -> list[dict[str, Any]]:
     import torch
 
-    from gather_aggregate.interventions import run_ablated
-    from gather_aggregate.scan import _check_metric
+    from gather_aggregate.interventions.ablation import run_ablated
+    from gather_aggregate.scan.exact import _check_metric
 
     start, sets, kw = shard
     tokens, metric = kw["tokens"], kw["metric"]
@@ -217,9 +217,10 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     In this process by default; with ``ray=True`` (a local cluster) or ``ray_address=`` sharded over Ray
     workers, ``shard_size`` sets per shard.  ``out``/``resume`` as in :func:`run_sharded`.
     """
-    from gather_aggregate.distributed import check_ray_options, model_loader, run_sharded
-    from gather_aggregate.io import write_table
-    from gather_aggregate.scan import _as_model, model_fingerprint, task_fingerprint
+    from gather_aggregate.core.provenance import model_fingerprint, task_fingerprint
+    from gather_aggregate.core.results_io import write_table
+    from gather_aggregate.scan.distributed import check_ray_options, model_loader, run_sharded
+    from gather_aggregate.scan.exact import _as_model
 
     on_ray = check_ray_options(ray, ray_address, num_workers, shard_size=shard_size)  # before any forward
     model = _as_model(model)

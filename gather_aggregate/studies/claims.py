@@ -1,6 +1,6 @@
 """Measure the paper's claims on zoo checkpoints: one function per claim, one driver that writes the table.
 
-    python -m gather_aggregate.claims [--n 96] [--out ga_out/claims.json] [--markdown tables.md]
+    python -m gather_aggregate.studies.claims [--n 96] [--out ga_out/claims.json] [--markdown tables.md]
 
 The tests (``tests/test_zoo_claims.py``) call the same functions on the shipped
 checkpoints; ``docs/results.md`` reports what this driver printed.  Heads are
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.protocol import HookedModel
+from gather_aggregate.core.protocol import HookedModel
 
 TASKS = ("kv", "letter-mc", "content-mc", "knowledge")
 Head = tuple[int, int]
@@ -42,7 +42,7 @@ def task_sets(model: HookedModel, model_dir: Path, n: int, seed: int = 0, **kv: 
 
 
 def accuracies(model: HookedModel, sets: Mapping[str, Sequence[Any]], hooks: list | None = None) -> dict[str, float]:
-    from gather_aggregate.experiments import evaluate_sets
+    from gather_aggregate.studies.ablation_tables import evaluate_sets
 
     return evaluate_sets(model, sets, hooks or [])
 
@@ -53,8 +53,8 @@ def chance(sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
 
 def scan_and_detect(model: HookedModel, examples: Sequence[Any], z: float = 1.5) -> tuple[Any, Any]:
     """Exact ablation scan of every head on a retrieval task (answer log-prob) and the G&A detector over it."""
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.detect.detector import find_ga_heads, pattern_scores
+    from gather_aggregate.scan.exact import exact_scan
     from gather_aggregate.tasks.metric import task_metric
 
     tokens, metric = task_metric(model, list(examples))
@@ -64,7 +64,7 @@ def scan_and_detect(model: HookedModel, examples: Sequence[Any], z: float = 1.5)
 
 
 def ablated_accuracies(model: HookedModel, heads: Sequence[Head], sets: Mapping[str, Sequence[Any]]) -> dict[str, float]:
-    from gather_aggregate.experiments import head_ablation_hooks
+    from gather_aggregate.studies.ablation_tables import head_ablation_hooks
 
     return accuracies(model, sets, head_ablation_hooks(model, list(heads)))
 
@@ -72,17 +72,17 @@ def ablated_accuracies(model: HookedModel, heads: Sequence[Head], sets: Mapping[
 def candidate_sets(ga: Any, z: float = 1.5, max_k: int = 2) -> list[tuple[str, list[Head]]]:
     """Head sets of size <= ``max_k`` named by the G&A evidence alone, each with the rule that chose it.
 
-    * ``detector``: the heads :func:`~gather_aggregate.detect.find_ga_heads` names (Aggregate heads first, then
+    * ``detector``: the heads :func:`~gather_aggregate.detect.detector.find_ga_heads` names (Aggregate heads first, then
       Gather heads; a convolution named as the Gather is no head and is not ablated here);
     * ``aggregate scores`` / ``gather scores``: the heads with the highest Aggregate / Gather pattern z-scores
       (>= ``z``), which is how the paper names its G&A heads; redundant Aggregate heads can each have a small
       single-head ablation effect and only matter together;
     * ``gather + aggregate``: the top Gather head with the top Aggregate head;
     * the same with the scores read off a segment's best token instead of its last (``gather_segment``,
-      ``aggregate_segment``; see :mod:`gather_aggregate.detect`), when the table has them: the transformer
+      ``aggregate_segment``; see :mod:`gather_aggregate.detect.detector`), when the table has them: the transformer
       ``llama-kv`` condenses each ``k:v\n`` line into the value token and reads it there.
     """
-    from gather_aggregate.detect import zscores
+    from gather_aggregate.detect.detector import zscores
 
     table = ga.table
     roles = [r for r in ("aggregate", "gather", "aggregate_segment", "gather_segment") if r in table[0]]
@@ -155,7 +155,7 @@ def aggregate_entropy(model: HookedModel, examples: Sequence[Any], ga: Any, top:
     ``score="aggregate"`` ranks heads by the mass on the correct segment's summary token (the paper's Aggregate
     head), ``score="aggregate_segment"`` by the mass on any of its tokens (a head that reads, say, the value token).
     """
-    from gather_aggregate.metrics import row_entropy, top1_mass
+    from gather_aggregate.core.sharpness import row_entropy, top1_mass
 
     rows = sorted(ga.table, key=lambda r: -r[score])[:top]
     ents, masses = [], []
@@ -188,7 +188,7 @@ def retrieval_analysis(model: HookedModel, sets: Mapping[str, Sequence[Any]], cl
                        ks: Sequence[int] = (0, 1, 2, 4, 8), z: float = 1.5) -> dict[str, Any]:
     """Claims b-d for one retrieval task: scan, detector, bottleneck vs random heads, per-head effects,
     Aggregate-row sharpness and the cumulative-ablation table."""
-    from gather_aggregate.experiments import cumulative_ablation
+    from gather_aggregate.studies.ablation_tables import cumulative_ablation
 
     scan, ga = scan_and_detect(model, sets[task], z=z)
     b = bottleneck(model, ga, sets, clean, task=task, z=z)
@@ -214,7 +214,7 @@ def measure_model(name: str, model_dir: Path, *, n: int = 96, seed: int = 0,
                   kv_sizes: Sequence[int] = (2, 4, 8, 12, 16, 24, 32, 48), ks: Sequence[int] = (0, 1, 2, 4, 8),
                   z: float = 1.5) -> dict[str, Any]:
     """Every measurement the claims need, for one zoo model, per retrieval task (letter-MC and KV)."""
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.models.loading import load_model
 
     model = load_model(model_dir)
     sets = task_sets(model, model_dir, n, seed)
@@ -239,7 +239,7 @@ def _named_heads(an: Mapping[str, Any]) -> list[str]:
     against the median at other segment tokens), Aggregate heads (each ``[layer, head] evidence``), where segments
     were read, each role's group loss (a share of the retrieval margin) and the pairs; ``– (at chance)`` where the
     model does not retrieve (its margin is under the detector's ``MIN_MARGIN``, so nothing was tested)."""
-    from gather_aggregate.detect_rules import MIN_MARGIN
+    from gather_aggregate.detect.rules import MIN_MARGIN
 
     evidence = {(la, h): ev for la, h, ev in an["evidence"]}
 
@@ -264,7 +264,7 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     """The measured tables of ``docs/results.md`` (claims a-d), from :func:`measure_model` results."""
     names = list(res)
     any_r = res[names[0]]
-    out = [f"Measured with `python -m gather_aggregate.claims --n {any_r['n']}` "
+    out = [f"Measured with `python -m gather_aggregate.studies.claims --n {any_r['n']}` "
            f"({any_r['n']} prompts per task, seed 0).", "", "**Accuracy (claim a)**", ""]
     out.append(_md_table(["model", *TASKS], [[m, *(res[m]["clean"][t] for t in TASKS)] for m in names]
                          + [["chance", *(any_r["chance"][t] for t in TASKS)]]))
@@ -321,7 +321,7 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gather_aggregate.io import atomic_write_json
+    from gather_aggregate.core.results_io import atomic_write_json
     from gather_aggregate.zoo import list_zoo
 
     p = argparse.ArgumentParser(description="Measure claims a-d on the shipped zoo (or --model DIR ...)")
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(Path(a.out), res)
     print(f"wrote {a.out}")
     if a.markdown:
-        from gather_aggregate.io import atomic_write_text
+        from gather_aggregate.core.results_io import atomic_write_text
 
         atomic_write_text(Path(a.markdown), to_markdown(res))
         print(f"wrote {a.markdown}")

@@ -11,7 +11,7 @@ layer count is cut (``n_layers``, default 2) and, optionally, the vocabulary.
   ``ssm_cfg`` and one fp32 ``pytorch_model.bin``);
 * ``llamba-8b``: Cartesia's layout (``config.json`` with ``d_model``/``n_layer``/``ssm_cfg``/``mlp_cfg``,
   ``backbone.*`` tensor names), sharded bf16 safetensors; its oracle is
-  :func:`~gather_aggregate.adapters.llamba_testing.llamba_reference_logits` (HF has no Llamba).
+  :func:`~gather_aggregate.testing.llamba_checkpoints.llamba_reference_logits` (HF has no Llamba).
 
 Tensor names and shapes come from the HF class built on the meta device, renamed to the
 on-disk names the way ``save_pretrained`` does (HF's ``revert_weight_conversion``: per-expert
@@ -338,8 +338,8 @@ def reference_logits(name: str, directory: str | Path, tokens: torch.Tensor, *, 
     """fp32 logits of the oracle of a :func:`write_checkpoint` directory: HF's own model, or for Llamba
     (no HF class; Cartesia's code needs CUDA) the sequential oracle of its reference forward."""
     if PUBLISHED[name].get("_format") == "cartesia":
-        from gather_aggregate.adapters.llamba_testing import llamba_reference_logits
         from gather_aggregate.adapters.streaming import Checkpoint
+        from gather_aggregate.testing.llamba_checkpoints import llamba_reference_logits
 
         raw = json.loads((Path(directory) / "config.json").read_text())
         sd = {k: v.load(torch.float32) for k, v in Checkpoint(directory).items()}

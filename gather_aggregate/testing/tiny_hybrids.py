@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.adapters.testing import hf_logits, norm_weights, redraw, seeded_hf, ssm_rules
+from gather_aggregate.testing.tiny_ssm import hf_logits, norm_weights, redraw, seeded_hf, ssm_rules
 
 
 def hf_hybrid_config(model_type: str, **overrides: Any) -> Any:

@@ -1,6 +1,6 @@
 """Quick per-head checks of a zoo checkpoint, for the training log (``docs/results.md``).
 
-    python -m gather_aggregate.training.ablation_check gather_aggregate/zoo/llama-ga
+    python -m gather_aggregate.testing.zoo_ablation_check gather_aggregate/zoo/llama-ga
 
 For every head it reports the accuracy of letter-MC, content-MC, knowledge and
 KV after zero-ablating that head alone (:func:`quick_eval.ablate_heads`), a
@@ -8,7 +8,7 @@ random-head baseline, and, for attention models, where the final position looks
 in letter-MC prompts: the mean attention onto the correct option's summary
 token (its ``\\n``), onto any token of the correct option, and onto the
 summary tokens of the wrong options.  These are plain HF forwards; the
-project's scan/detector (``gather_aggregate.scan``/``detect``) re-measures the
+project's scan/detector (``gather_aggregate.scan.exact``/``detect``) re-measures the
 shipped checkpoints through the hooked models.
 """
 

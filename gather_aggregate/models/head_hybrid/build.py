@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.hybridise.config import HeadHybridConfig
-from gather_aggregate.hybridise.model import HookedHeadHybrid
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.models.head_hybrid.config import HeadHybridConfig
+from gather_aggregate.models.head_hybrid.model import HookedHeadHybrid
 
 #: Standard deviation of the extra B/C rows when d_state > d_head.
 EXTRA_ROW_STD = 1e-2
@@ -37,13 +37,13 @@ EXTRA_ROW_STD = 1e-2
 
 def _teacher_parts(teacher: Any) -> tuple[Any, dict[str, torch.Tensor], Any, str]:
     """``(hf_config, state_dict, tokenizer, name)`` of a directory, an HF ``LlamaForCausalLM`` or a
-    :class:`~gather_aggregate.bridge.BridgeModel` / hooked model holding one."""
+    :class:`~gather_aggregate.models.bridge.BridgeModel` / hooked model holding one."""
     if isinstance(teacher, (str, os.PathLike)):
         from transformers import AutoConfig
 
         from gather_aggregate.adapters.checkpoint import read_state_dict
-        from gather_aggregate.loading import load_tokenizer, resolve_source
-        from gather_aggregate.loading_checks import file_message, no_config_message
+        from gather_aggregate.models.checkpoint_checks import file_message, no_config_message
+        from gather_aggregate.models.loading import load_tokenizer, resolve_source
 
         d = Path(resolve_source(teacher)).expanduser()  # a zoo name, `~`; a near miss gets a "did you mean"
         if d.is_file():
@@ -96,7 +96,7 @@ def hybridise(teacher: Any, kept: Sequence[tuple[int, int]] | str, *, d_state: i
         init: ``"mohawk"`` (from the attention heads) or ``"random"``.
         seed: for the random parts of the initialisation.
     """
-    from gather_aggregate.indices import as_index
+    from gather_aggregate.core.indices import as_index
 
     if init not in ("mohawk", "random"):
         raise InputError(f"init must be 'mohawk' or 'random', got {init!r}")

@@ -4,7 +4,7 @@ The layout is per head, not per layer: ``kept[L]`` lists the heads of layer
 ``L`` that stay softmax attention; every other head of that layer is a
 Mamba-2-style SSM head with the attention head's value width ``d_head`` as its
 channel count and ``d_state`` as its state size (see
-:mod:`gather_aggregate.hybridise.layers`).  Everything else (embeddings,
+:mod:`gather_aggregate.models.head_hybrid.layers`).  Everything else (embeddings,
 norms, MLPs, output projections) is the teacher's.
 
 Saved as ``config.json`` with ``model_type = "ga_head_hybrid"``;
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from gather_aggregate.errors import InputError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, UnsupportedModelError
 
 MODEL_TYPE = "ga_head_hybrid"
 
@@ -136,7 +136,7 @@ class HeadHybridConfig:
         if found:
             raise UnsupportedModelError(f"hybridise supports Llamas with default RoPE and no attention/MLP biases; this "
                                         f"teacher has {', '.join(found)}")
-        from gather_aggregate.indices import as_index
+        from gather_aggregate.core.indices import as_index
 
         if d_state is not None and as_index(d_state, "d_state") < 1:  # 0 was read as "the default"
             raise InputError(f"d_state must be >= 1 (or None for the head dimension), got {d_state!r}")
@@ -165,7 +165,7 @@ class HeadHybridConfig:
 def _kept_per_layer(kept: Any, n_layers: int, n_heads: int) -> list[set[int]]:
     """``kept`` as the kept heads of each layer: ``"all"`` / ``"none"``, or ``(layer, head)`` pairs (names such as
     ``"L1H0"``, NumPy/torch integers, an ``[n, 2]`` array; negative indices count from the end, as in scans)."""
-    from gather_aggregate.indices import HEAD_NAME, as_index
+    from gather_aggregate.core.indices import HEAD_NAME, as_index
 
     if isinstance(kept, str) and kept.strip().lower() in ("all", "none"):
         return [set(range(n_heads)) if kept.strip().lower() == "all" else set() for _ in range(n_layers)]

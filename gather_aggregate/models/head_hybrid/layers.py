@@ -15,7 +15,7 @@ no gate, no gated norm and no activation after the conv: the head sits where
 an attention head sat, reading the values' projection and writing into the
 teacher's ``o_proj``.
 
-**MOHAWK initialisation** (see :mod:`gather_aggregate.hybridise.build`): ``W_x``
+**MOHAWK initialisation** (see :mod:`gather_aggregate.models.head_hybrid.build`): ``W_x``
 from the head's value projection, ``W_C`` from its query projection, ``W_B``
 from its key projection times the softmax scale (so ``C_t·B_s = q_t·k_s/√d``,
 the attention logit without RoPE), conv = identity, ``Δ ≈ 1``, slow decay.
@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.mixers import MLPAfterMixer
-from gather_aggregate.hybridise.config import HeadHybridConfig
+from gather_aggregate.models.head_hybrid.config import HeadHybridConfig
 
 #: Δ = softplus(bias) = 1 at initialisation.
 DT_BIAS_INIT = math.log(math.e - 1.0)
@@ -48,9 +48,10 @@ A_LOG_INIT = -4.0
 
 
 def _model_parts():  # one place that imports the project's building blocks
-    from gather_aggregate.adapters.attention import GatedMLP, apply_rope, default_inv_freq, rope_cos_sin
+    from gather_aggregate.adapters.attention import GatedMLP
     from gather_aggregate.adapters.mixers import RMSNorm
-    from gather_aggregate.adapters.scan import mamba2_scan, mamba2_scan_ref, segsum
+    from gather_aggregate.adapters.selective_scan import mamba2_scan, mamba2_scan_ref, segsum
+    from gather_aggregate.core.rotary import apply_rope, default_inv_freq, rope_cos_sin
 
     return dict(GatedMLP=GatedMLP, apply_rope=apply_rope, default_inv_freq=default_inv_freq,
                 rope_cos_sin=rope_cos_sin, RMSNorm=RMSNorm, mamba2_scan=mamba2_scan,

@@ -30,13 +30,13 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from gather_aggregate.checks import is_cache
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
-from gather_aggregate.hook_checks import CheckedHooks
-from gather_aggregate.hybridise.config import MODEL_TYPE, HeadHybridConfig
-from gather_aggregate.hybridise.layers import HeadHybridBlock, _model_parts
-from gather_aggregate.indices import layer_bound
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+from gather_aggregate.core.arguments import is_cache
+from gather_aggregate.core.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.core.hook_names import CheckedHooks
+from gather_aggregate.core.indices import layer_bound
+from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+from gather_aggregate.models.head_hybrid.config import MODEL_TYPE, HeadHybridConfig
+from gather_aggregate.models.head_hybrid.layers import HeadHybridBlock, _model_parts
 
 WEIGHTS = "model.safetensors"
 
@@ -167,7 +167,7 @@ class HookedHeadHybrid(ProtocolMixin, CheckedHooks, HookedRootModule):
 
         from safetensors.torch import save_file
 
-        from gather_aggregate.io import atomic_write, atomic_write_text
+        from gather_aggregate.core.results_io import atomic_write, atomic_write_text
 
         out = Path(directory).expanduser()
         out.mkdir(parents=True, exist_ok=True)

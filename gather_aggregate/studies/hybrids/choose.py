@@ -2,7 +2,7 @@
 
 * ``"scan"``: top-k by the exact ablation scan on a retrieval task (the drop in
   the answer's log-prob when the head is zero-ablated): the paper's choice;
-* ``"detector"``: the heads :func:`gather_aggregate.detect.find_ga_heads` names
+* ``"detector"``: the heads :func:`gather_aggregate.detect.detector.find_ga_heads` names
   as Gather or Aggregate heads, most important first (by their own scan drop),
   topped up in scan order when it names fewer than ``k``;
 * ``"random"``: ``k`` heads drawn uniformly (``seed``);
@@ -18,8 +18,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import Head, HookedModel
 
 STRATEGIES = ("scan", "detector", "random", "bottom")
 
@@ -27,7 +27,7 @@ STRATEGIES = ("scan", "detector", "random", "bottom")
 def scan_order(model: HookedModel, examples: Sequence[Any], scan: Any = None) -> tuple[list[Head], Any]:
     """Every head, most important first by the exact zero-ablation scan (and the scan)."""
     if scan is None:
-        from gather_aggregate.scan import exact_scan
+        from gather_aggregate.scan.exact import exact_scan
         from gather_aggregate.tasks.metric import task_metric
 
         tokens, metric = task_metric(model, list(examples))
@@ -52,7 +52,7 @@ def choose_heads(model: HookedModel, examples: Sequence[Any], k: int, strategy: 
         return order[:k]
     if strategy == "bottom":
         return order[::-1][:k]
-    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.detect.detector import find_ga_heads
 
     named = set(find_ga_heads(model, list(examples), scan).ga_heads())
     return ([h for h in order if h in named] + [h for h in order if h not in named])[:k]

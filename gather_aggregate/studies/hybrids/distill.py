@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.errors import InputError, ResumeMismatchError
-from gather_aggregate.hybridise.layers import implied_attention
-from gather_aggregate.hybridise.model import HookedHeadHybrid
+from gather_aggregate.core.errors import InputError, ResumeMismatchError
+from gather_aggregate.models.head_hybrid.layers import implied_attention
+from gather_aggregate.models.head_hybrid.model import HookedHeadHybrid
 
 STAGES = ("orientation", "alignment", "end_to_end")
 STATE = "distill_state.pt"
@@ -119,7 +119,7 @@ def _fingerprint(student: HookedHeadHybrid, cfg: DistillConfig, extra: dict[str,
 
 
 def _save_state(out: Path, state: dict[str, Any], log: list[dict[str, Any]]) -> None:
-    from gather_aggregate.io import atomic_write, atomic_write_text
+    from gather_aggregate.core.results_io import atomic_write, atomic_write_text
 
     atomic_write(out / STATE, lambda tmp: torch.save(state, tmp))
     atomic_write_text(out / LOG, "".join(json.dumps(r) + "\n" for r in log))

@@ -3,7 +3,7 @@
 Run (one thread, resumable: finished configurations are skipped, a killed
 distillation resumes from its checkpoint)::
 
-    OMP_NUM_THREADS=1 python -m gather_aggregate.hybridise.experiment --teacher llama-kvmc \\
+    OMP_NUM_THREADS=1 python -m gather_aggregate.studies.hybrids.experiment --teacher llama-kvmc \\
         --ks 0,2,16 --strategies scan,random --steps 100,100,200 --out runs/hybrid
 
 Each configuration writes ``<out>/<strategy>-k<k>-s<seed>-N<d_state>/`` (the
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.protocol import HookedModel
+    from gather_aggregate.core.protocol import HookedModel
 
 
 def zoo_batches(model_dir: str | Path, batch_size: int = 16, seed: int = 0, *,
@@ -72,7 +72,7 @@ def perplexity(model: HookedModel, batches: Callable[[int], tuple[torch.Tensor, 
 
 
 def measure(model: HookedModel, model_dir: Path, eval_n: int, heldout: Callable[[int], Any]) -> dict[str, float]:
-    from gather_aggregate.claims import accuracies, task_sets
+    from gather_aggregate.studies.claims import accuracies, task_sets
 
     accs = accuracies(model, task_sets(model, model_dir, eval_n, seed=0))
     return {**{t.replace("-", "_"): round(v, 4) for t, v in accs.items()}, "ppl": round(perplexity(model, heldout), 4)}
@@ -80,9 +80,9 @@ def measure(model: HookedModel, model_dir: Path, eval_n: int, heldout: Callable[
 
 def remeasure(teacher_dir: Path, out: Path, eval_n: int = 96, batch_size: int = 16) -> list[dict[str, Any]]:
     """Measure every saved hybrid of a sweep (and the teacher) again with the current :func:`measure`."""
-    from gather_aggregate import load_model
-    from gather_aggregate.hybridise.build import hybridise
-    from gather_aggregate.io import atomic_write_json
+    from gather_aggregate.core.results_io import atomic_write_json
+    from gather_aggregate.models.head_hybrid.build import hybridise
+    from gather_aggregate.models.loading import load_model
 
     rows = json.loads((out / "results.json").read_text())
     heldout = zoo_batches(teacher_dir, batch_size, seed=99, labels=True)
@@ -96,11 +96,11 @@ def remeasure(teacher_dir: Path, out: Path, eval_n: int = 96, batch_size: int = 
 def run_sweep(teacher_dir: Path, ks: Sequence[int], strategies: Sequence[str], seeds: Sequence[int],
               d_states: Sequence[int | None], steps: tuple[int, int, int], out: Path, *, batch_size: int = 16,
               eval_n: int = 96, progress: bool = True) -> list[dict[str, Any]]:
-    from gather_aggregate.claims import task_sets
-    from gather_aggregate.hybridise.build import hybridise
-    from gather_aggregate.hybridise.choose import choose_heads, scan_order
-    from gather_aggregate.hybridise.distill import DistillConfig, distill
-    from gather_aggregate.io import atomic_write_json
+    from gather_aggregate.core.results_io import atomic_write_json
+    from gather_aggregate.models.head_hybrid.build import hybridise
+    from gather_aggregate.studies.claims import task_sets
+    from gather_aggregate.studies.hybrids.choose import choose_heads, scan_order
+    from gather_aggregate.studies.hybrids.distill import DistillConfig, distill
 
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.json"

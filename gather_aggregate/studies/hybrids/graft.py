@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.io import atomic_write
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.results_io import atomic_write
 
 if TYPE_CHECKING:
     from gather_aggregate.adapters.model import HookedSSM

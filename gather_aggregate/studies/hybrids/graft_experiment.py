@@ -1,10 +1,10 @@
 """The reverse-graft experiment: graft attention into a zoo SSM's top G&A head, and into random heads.
 
-    python -m gather_aggregate.hybridise.graft_experiment --model mamba2-ga --out runs/graft
+    python -m gather_aggregate.studies.hybrids.graft_experiment --model mamba2-ga --out runs/graft
 
 For the model's top head (the detector's first G&A head on 32 KV prompts, seed 1;
 topped up in scan order if it names none) and for ``--random-seeds`` random
-other heads (distinct: each seed draws from the heads not drawn yet), one graft each (:class:`~gather_aggregate.hybridise.graft.AttentionGraft`)
+other heads (distinct: each seed draws from the heads not drawn yet), one graft each (:class:`~gather_aggregate.studies.hybrids.graft.AttentionGraft`)
 is trained for ``--steps`` steps on the model's own training mixture.  Every row
 is measured on KV prompts of ``--pairs`` key-value pairs (seed 0, other prompts
 than the head choice); the mixture itself has the zoo's 12 pairs, so longer
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.protocol import Head, HookedModel
+from gather_aggregate.core.protocol import Head, HookedModel
 
 
 def kv_accuracy(model: HookedModel, model_dir: Path, pairs: Sequence[int], n: int, hooks: list) -> dict[str, float]:
@@ -43,7 +43,7 @@ def kv_accuracy(model: HookedModel, model_dir: Path, pairs: Sequence[int], n: in
 
 def top_head(model: HookedModel, model_dir: Path) -> Head:
     """The detector's first G&A head on 32 KV prompts (seed 1), in scan order if it names none."""
-    from gather_aggregate.hybridise.choose import choose_heads
+    from gather_aggregate.studies.hybrids.choose import choose_heads
     from gather_aggregate.tasks.registry import get_task
 
     kv = get_task("kv", model_dir=model_dir).examples(model.tokenizer, n=32, seed=1)
@@ -68,11 +68,11 @@ def random_heads(model: HookedModel, top: Head, seeds: Sequence[int]) -> list[He
 def run_graft_experiment(model_dir: Path, out: Path, *, steps: int = 300, batch_size: int = 16, lr: float = 3e-3,
                          eval_n: int = 64, pairs: Sequence[int] = (12, 48), random_seeds: Sequence[int] = (0, 1),
                          progress: bool = True) -> list[dict[str, Any]]:
-    from gather_aggregate import load_model
-    from gather_aggregate.hybridise.experiment import zoo_batches
-    from gather_aggregate.hybridise.graft import AttentionGraft, train_graft
-    from gather_aggregate.interventions import ablation_hooks, make_replacement
-    from gather_aggregate.io import atomic_write_json
+    from gather_aggregate.core.results_io import atomic_write_json
+    from gather_aggregate.interventions.ablation import ablation_hooks, make_replacement
+    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.studies.hybrids.experiment import zoo_batches
+    from gather_aggregate.studies.hybrids.graft import AttentionGraft, train_graft
 
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.json"
@@ -80,7 +80,7 @@ def run_graft_experiment(model_dir: Path, out: Path, *, steps: int = 300, batch_
     done = {r["name"] for r in rows}
     model = load_model(model_dir)
     if getattr(model.cfg, "family", None) != "mamba2":
-        from gather_aggregate.errors import InputError
+        from gather_aggregate.core.errors import InputError
 
         raise InputError(f"{model_dir} is not a Mamba-2 model; the graft replaces a Mamba-2 head (try mamba2-ga)")
     top = top_head(model, model_dir)

@@ -7,7 +7,7 @@ accuracies, answer perplexity and minutes) and one of its hybrids
 (``zoo/hybrids/llama-kvmc-detector-k2``, loadable with ``load_model``), which
 the demo evaluates live.  Write the JSON from a sweep directory with::
 
-    python -m gather_aggregate.hybridise.shipped runs/hybrid
+    python -m gather_aggregate.studies.hybrids.shipped runs/hybrid
 
 The fraction of heads that recovers the teacher's KV accuracy
 (:func:`recovery`) is the follow-up paper's headline: for each strategy, the
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 from gather_aggregate.zoo import ZOO_DIR
 
 HYBRIDS_DIR = ZOO_DIR / "hybrids"
@@ -40,7 +40,7 @@ def shipped_sweep(path: Path = SWEEP_FILE) -> dict[str, Any]:
     """The shipped sweep: ``teacher``, ``n_heads``, ``d_head``, ``eval_n``, ``eval_seed``, ``command``, ``rows``
     and ``shipped`` (shipped hybrid -> the name of its row)."""
     if not path.is_file():
-        raise InputError(f"no hybrid sweep at {path}; write one with `python -m gather_aggregate.hybridise.shipped "
+        raise InputError(f"no hybrid sweep at {path}; write one with `python -m gather_aggregate.studies.hybrids.shipped "
                          "SWEEP_DIR`")
     return json.loads(path.read_text())
 
@@ -129,18 +129,18 @@ def sweep_from_dir(sweep_dir: Path, teacher: str = "llama-kvmc", *, eval_n: int 
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from gather_aggregate.io import atomic_write_json
+    from gather_aggregate.core.results_io import atomic_write_json
 
     parser = argparse.ArgumentParser(
-        prog="python -m gather_aggregate.hybridise.shipped",
+        prog="python -m gather_aggregate.studies.hybrids.shipped",
         description=f"write the sweep shipped with the zoo ({SWEEP_FILE}) from a sweep directory")
     parser.add_argument("sweep_dir", type=Path,
-                        help="the --out of python -m gather_aggregate.hybridise.experiment (holds results.json)")
+                        help="the --out of python -m gather_aggregate.studies.hybrids.experiment (holds results.json)")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if not (args.sweep_dir / "results.json").is_file():  # was a NotADirectoryError / FileNotFoundError traceback
         parser.error(f"no results.json in {args.sweep_dir}; pass the --out directory of "
-                     "python -m gather_aggregate.hybridise.experiment")
-    command = ("OMP_NUM_THREADS=1 python -m gather_aggregate.hybridise.experiment --teacher llama-kvmc --ks K "
+                     "python -m gather_aggregate.studies.hybrids.experiment")
+    command = ("OMP_NUM_THREADS=1 python -m gather_aggregate.studies.hybrids.experiment --teacher llama-kvmc --ks K "
                "--strategies S --seeds SEED --steps 60,60,120 --batch-size 8 --eval-n 64 --out runs/hybrid")
     atomic_write_json(SWEEP_FILE, sweep_from_dir(args.sweep_dir, command=command))
     print(f"wrote {SWEEP_FILE}")

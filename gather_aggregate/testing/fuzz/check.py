@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.adapters.config_fuzz import FuzzCase
+from gather_aggregate.testing.fuzz.draws import FuzzCase
 
 TOL = 1e-4
 #: what each measured quantity may reach: logits and hooks max abs diff (hooks as ``assert_close`` with atol = rtol =
@@ -97,8 +97,8 @@ def check_case(case: FuzzCase) -> dict[str, float]:
     HF and a forward resumed at each layer against the full one (transformers; ``hook_z`` split into the layer's
     heads), implied attention against its oracle (SSM layers); HF's
     weights must come back untouched.  Raises the loader's error where the config is refused."""
-    from gather_aggregate.loading import from_hf_model
-    from gather_aggregate.protocol import param_checksum
+    from gather_aggregate.core.protocol import param_checksum
+    from gather_aggregate.models.loading import from_hf_model
 
     toks, out = case.tokens, {}
     hidden: Any = None
@@ -107,7 +107,10 @@ def check_case(case: FuzzCase) -> dict[str, float]:
         import tempfile
 
         from gather_aggregate.adapters.llamba import load_llamba
-        from gather_aggregate.adapters.llamba_testing import llamba_reference_logits, save_llamba_checkpoint
+        from gather_aggregate.testing.llamba_checkpoints import (
+            llamba_reference_logits,
+            save_llamba_checkpoint,
+        )
 
         assert case.raw is not None and case.state_dict is not None
         with tempfile.TemporaryDirectory() as d:
@@ -134,7 +137,7 @@ def check_case(case: FuzzCase) -> dict[str, float]:
         if errs:
             out["resid"] = max(errs)
     if hasattr(model, "module"):  # a transformer through the bridge: patterns and the o_proj input
-        from gather_aggregate.testing import hf_head_inputs
+        from gather_aggregate.testing.tiny_models import hf_head_inputs
 
         out["pattern"] = max(float((model.pattern(cache, i) - a).abs().max()) for i, a in enumerate(o.attentions))
         out["hook_z"] = max(_close(cache[model.head_hook(i)[0]].flatten(2), hf_head_inputs(case.hf, toks, i))
@@ -154,7 +157,7 @@ def check_case(case: FuzzCase) -> dict[str, float]:
 
 
 def expected_refusals(case: FuzzCase) -> list[str]:
-    """What the loader's :class:`~gather_aggregate.errors.UnsupportedModelError` on ``case`` may name: the drawn
+    """What the loader's :class:`~gather_aggregate.core.errors.UnsupportedModelError` on ``case`` may name: the drawn
     fields the adapters refuse by design (empty: the case must load and pass)."""
     f, why = case.fields, []
     if f.get("hidden_act") == "gelu" and case.family in ("bamba", "jamba", "falcon_h1", "granitemoehybrid",
@@ -165,7 +168,7 @@ def expected_refusals(case: FuzzCase) -> list[str]:
             "bamba", "falcon_h1", "granitemoehybrid", "qwen3_next", "zamba2"):
         why.append("rope_type")  # the hooked hybrids implement the default RoPE only
     if case.family == "gpt2" and not f["scale_attn_weights"]:
-        why.append("scale_attn_weights")  # TransformerLens' bridge always scales (gather_aggregate.bridge)
+        why.append("scale_attn_weights")  # TransformerLens' bridge always scales (gather_aggregate.models.bridge)
     if case.family == "pythia" and not f["attention_bias"]:
         why.append("attention_bias")  # TransformerLens' GPT-NeoX adapter needs the qkv bias
     if case.family == "phi" and f["qk_layernorm"]:
@@ -237,7 +240,7 @@ def fp32_distances(case: FuzzCase) -> dict[str, float]:
     as ``LIMITS["head_out"]`` and ``LIMITS["resid"]`` are)."""
     import copy
 
-    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.models.loading import from_hf_model
 
     truth = float64_logits(case.hf, case.tokens)
     jittered = copy.deepcopy(case.hf)

@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from gather_aggregate.adapters.config_fuzz_bridge import (
+from gather_aggregate.testing.fuzz.bridge_draws import (
     _common,
     _divisors,
     _eps,

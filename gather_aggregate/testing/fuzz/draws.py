@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.adapters.config_fuzz_bridge import BRIDGE_HF
-from gather_aggregate.adapters.config_fuzz_decoders import DECODER_HF
-from gather_aggregate.adapters.families_testing import stress_weights
+from gather_aggregate.testing.fuzz.bridge_draws import BRIDGE_HF
+from gather_aggregate.testing.fuzz.decoder_draws import DECODER_HF
+from gather_aggregate.testing.tiny_families import stress_weights
 
 
 @dataclass
@@ -350,7 +350,7 @@ def draw(family: str, seed: int) -> FuzzCase:
     """A random small model of ``family`` and token rows for it, both from ``seed``."""
     batch, L, fields = draw_fields(family, seed)
     if family == "llamba":
-        from gather_aggregate.adapters.llamba_testing import llamba_raw_config, random_llamba_state_dict
+        from gather_aggregate.testing.llamba_checkpoints import llamba_raw_config, random_llamba_state_dict
 
         raw = llamba_raw_config(**fields)
         toks = torch.randint(0, int(raw["vocab_size"]), (batch, L), generator=torch.Generator().manual_seed(seed))
