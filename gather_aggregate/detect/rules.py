@@ -3,10 +3,11 @@
 For each role (Gather, Aggregate):
 
 1. **Pattern candidates** (:mod:`gather_aggregate.detect.pattern_evidence`): heads whose pattern shows the role in
-   scale-free terms, ratios within each row over the segments' tokens only, so that what a mixer puts off the
-   segments (a softmax sink, a delta rule's signed removal terms, an SSM's tail) does not count.  A Gather head's
-   read rows give their own segment's earlier tokens at least twice the share a uniform row would, and at least 0.1,
-   of the content before the read position; an Aggregate head's query row ranks the correct segment first in at
+   scale-free terms, ratios within each row over the tokens the role chooses among (the first token, a sink, left
+   out), so that what a mixer puts elsewhere (a softmax sink, a delta rule's signed removal terms, an SSM's tail)
+   does not count.  A Gather head's read rows give their own segment's earlier tokens at least twice the share a
+   uniform row would, and at least 0.1, of their mass on the tokens before the read position; an Aggregate head's
+   query row, read over the segments' tokens only, ranks the correct segment first in at
    least half the prompts (chance 1 / segments) and gives it at least twice the share it gives the same slot when
    that slot holds a wrong segment (position-controlled).  At most ``max_candidates`` per role, strongest first (by
    Gather lift, by Aggregate selectivity: the only use of ranking).
