@@ -5,7 +5,7 @@ decays; a delta rule's implied row is signed, not normalised, and carries the ke
 So every number here is a **ratio of masses within one row** of the per-row normalised ``|pattern|``, over the
 tokens the role chooses among, never over the whole row: an Aggregate head's query row is read over the **content**,
 the tokens of the task's segments (the dictionary lines, the options), not the prompt's head or the query's own
-tokens; a Gather head's read row over the tokens before its read position.  How much of its row a mixer spends
+tokens; a Gather head's read row over the tokens up to its read position.  How much of its row a mixer spends
 elsewhere (a softmax sink or self-weight, a delta rule's recency and removal terms, an SSM's decaying tail into the
 query) is that mixer's own scale and cancels; what is compared is only how the row shares out those tokens.  The
 first token of the prompt is left out of every mass, even where it belongs to a segment (an MQAR prompt starts with
@@ -31,14 +31,14 @@ A segment can only be read at a token with at least one of its own tokens before
 nothing into a segment's first token); a read position that no segment admits is refused (:func:`check_readable`).
 
 **Gather mass** of a head at read position ``r`` of segment ``[start, end)``: the share of row ``r``'s mass on the
-tokens it can gather from, ``[1, r)`` (not its own token: what a row takes from itself, a softmax self-weight or a
-delta rule's or SSM's diagonal, is not gathered; not the first token), that lies on the segment's own earlier
-tokens ``[start, r)``.  ``gather_uniform`` is the share a uniform row would give them, ``own tokens / (r - 1)``;
-``gather_lift`` = mass / uniform (1 = no preference, the definition of chance).  The previous token counts: in a
-two-token segment ``k v`` a previous-token head *is* what condenses the key into the value token.  A
-previous-token head that gathers nothing the model uses is left out by the causal test, not by its pattern
-(``gather_excl_prev@`` reports the mass without that token, for the reader).  A segment whose only earlier own
-token is the first token is not counted.
+tokens up to it, ``[1, r]`` (the first token left out), that lies on the segment's own earlier tokens
+``[start, r)``.  ``gather_uniform`` is the share a uniform row would give them, ``own tokens / r``;
+``gather_lift`` = mass / uniform (1 = no preference, the definition of chance).  The read token itself stays in
+the denominator: a row that keeps mostly its own token (a fast-decaying SSM row, a self-attending head) is not
+gathering.  The previous token counts: in a two-token segment ``k v`` a previous-token head *is* what condenses
+the key into the value token.  A previous-token head that gathers nothing the model uses is left out by the causal
+test, not by its pattern (``gather_excl_prev@`` reports the mass without that token, for the reader).  A segment
+whose only earlier own token is the first token is not counted.
 
 **Aggregate mass** of a head: ``aggregate_on_correct``, the correct segment's share of what the query row gives the
 segments (any of their tokens), with ``aggregate_wrong`` the largest share of one wrong segment (per prompt,
@@ -71,7 +71,7 @@ from gather_aggregate.core.protocol import HookedModel
 READS = ("summary", "last-1", "last-2")
 
 #: a head is a Gather *pattern candidate* when its read rows give their own segment's earlier tokens at least this
-#: many times the share a uniform row would (over the tokens before the read position, the first left out), and at
+#: many times the share a uniform row would (over the tokens up to the read position, the first left out), and at
 #: least GATHER_MIN_MASS of that mass: the segment is where the row reads, not one place among many
 GATHER_MIN_LIFT = 2.0
 GATHER_MIN_MASS = 0.1
@@ -192,7 +192,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
             read_rows.append(r)
             read_ok.append(ok)
             own.append(own_j)
-            content.append((key[None, None] >= 1) & (key[None, None] < r[..., None]))  # [b, seg, key]: [1, r)
+            content.append((key[None, None] >= 1) & (key[None, None] <= r[..., None]))  # [b, seg, key]: [1, r]
             counts[f"g:{read}"] = counts.get(f"g:{read}", 0.0) + float(ok.sum())
         counts["a"] = counts.get("a", 0.0) + float(has.sum())
         rows = torch.cat([*read_rows, batch.query_pos[:, None]], 1)
@@ -205,12 +205,12 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                 seg_rows = p[:, :, j * n_seg:(j + 1) * n_seg]  # [b, h, seg, key]
                 okf = read_ok[j][:, None].float()
                 cont = content[j][:, None].float()
-                total = (seg_rows * cont).sum(-1)  # the read row's mass on the tokens before it, the first left out
+                total = (seg_rows * cont).sum(-1)  # the read row's mass on the tokens up to it, the first left out
                 inv = torch.where(total > 0, 1 / total.clamp_min(1e-30), torch.zeros(()))
                 mass = (seg_rows * own[j][:, None].float()).sum(-1) * inv
                 r = read_rows[j]
                 prev = seg_rows.gather(3, (r - 1).clamp_min(0)[:, None, :, None].expand(-1, H, -1, 1))[..., 0] * inv
-                n_cont = content[j].float().sum(-1)  # [b, seg]: r - 1
+                n_cont = content[j].float().sum(-1)  # [b, seg]: r
                 uni = (own[j].float().sum(-1) / n_cont.clamp_min(1))[:, None].expand_as(mass)
                 acc[f"gather@{read}"] = (mass * okf).sum((0, 2))
                 acc[f"gather_excl_prev@{read}"] = ((mass - prev) * okf).sum((0, 2))

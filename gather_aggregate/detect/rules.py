@@ -6,7 +6,7 @@ For each role (Gather, Aggregate):
    scale-free terms, ratios within each row over the tokens the role chooses among (the first token, a sink, left
    out), so that what a mixer puts elsewhere (a softmax sink, a delta rule's signed removal terms, an SSM's tail)
    does not count.  A Gather head's read rows give their own segment's earlier tokens at least twice the share a
-   uniform row would, and at least 0.1, of their mass on the tokens before the read position; an Aggregate head's
+   uniform row would, and at least 0.1, of their mass on the tokens up to the read position; an Aggregate head's
    query row, read over the segments' tokens only, ranks the correct segment first in at
    least half the prompts (chance 1 / segments) and gives it at least twice the share it gives the same slot when
    that slot holds a wrong segment (position-controlled).  At most ``max_candidates`` per role, strongest first (by
