@@ -56,7 +56,11 @@ def measure(d: Path, n_random: int = 3) -> dict:
             "clean": acc([]), "clean_full": float(evaluate(model, ex, progress=False).accuracy),
             "ablated": acc(named) if named else None, "random": rand,
             "chance": sum(1 / len(e.candidates) for e in ex) / len(ex), "excluded": sorted(big - set(named)),
-            "read": ga.reading["gather"]}
+            "read": ga.reading["gather"], "why": {role: g["why"] for role, g in ga.groups.items()},
+            "conv_why": {c["layer"]: c["why"] for c in ga.conv},
+            "named_rows": {f"L{r['layer']}H{r['head']}": {k: round(r[k], 2) for k in (
+                "aggregate_beats_wrong", "aggregate_selectivity", "aggregate_lift", "gather_mass", "gather_lift")}
+                for r in ga.table if (r["layer"], r["head"]) in named}}
 
 
 def first_token_accuracy(model, ex, hooks) -> float:
@@ -134,13 +138,16 @@ def test_fresh_models_retrieve(d):
     assert evaluate(model, _examples(model, d), progress=False).accuracy >= 0.8
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/test_detect_fixtures.py [NAME ...]``: each fixture's (or the named ones') measurement, with 10
+    random sets (the numbers in docs/results.md)."""
     import torch
 
     torch.set_num_threads(1)
+    names = set(sys.argv[1:] if argv is None else argv)
     for d in MODELS:
-        m = measure(d, n_random=10)
-        print(m)
+        if not names or d.name in names:
+            print(measure(d, n_random=10), flush=True)
     return 0
 
 
