@@ -15,6 +15,9 @@ field                  what it identifies                                       
 ``model_name``         a label: the zoo name or the directory it was loaded from   ``model_name``
 ``task``               :func:`task_fingerprint`: prompts, metric and settings      ``task``
 ``task_name``          the task's name (``kv``, ``letter-mc``, a task file)        ``task_name``
+``prompts``            :func:`prompts_fingerprint`: the token ids alone (what a    ``prompts``
+                       detector or head choice compares: it holds examples, not
+                       the scan's metric or ablation settings)
 ``n``                  the number of prompts                                       ``n``
 ``seed``               the seed the prompts were drawn with                        ``seed``
 =====================  ==========================================================  ==================
@@ -38,10 +41,10 @@ from gather_aggregate.core.model_state import param_checksum
 
 #: field -> the meta key it is stored under
 META_KEYS: dict[str, str] = {"model": "model", "weights": "weights", "model_name": "model_name", "task": "task",
-                             "task_name": "task_name", "n": "n", "seed": "seed"}
+                             "task_name": "task_name", "prompts": "prompts", "n": "n", "seed": "seed"}
 #: how a mismatch of each field reads
 _WHAT = {"model": "model (fingerprint)", "weights": "weights (checksum)", "model_name": "model", "task":
-         "prompts and metric (task fingerprint)", "task_name": "task", "n": "number of prompts", "seed": "seed"}
+         "prompts and metric (task fingerprint)", "task_name": "task", "prompts": "prompt set (token ids)", "n": "number of prompts", "seed": "seed"}
 
 
 def model_fingerprint(model: Any) -> str:
@@ -73,6 +76,13 @@ def task_fingerprint(tokens: Any, metric: Any, extra: Mapping[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
+def prompts_fingerprint(tokens: Any) -> str:
+    """Identity of a prompt set alone: its token ids and their shape (16 hex digits)."""
+    h = hashlib.sha256(tokens.detach().cpu().long().numpy().tobytes())
+    h.update(str(tuple(tokens.shape)).encode())
+    return h.hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a result came from (see the module's table); ``None`` fields are unknown and not compared."""
@@ -82,6 +92,7 @@ class Provenance:
     model_name: str | None = None
     task: str | None = None
     task_name: str | None = None
+    prompts: str | None = None
     n: int | None = None
     seed: int | None = None
 
@@ -95,6 +106,13 @@ class Provenance:
         """The fields a result's ``meta`` dict records (unknown keys are ignored)."""
         meta = meta or {}
         return cls(**{f: meta.get(k) for f, k in META_KEYS.items()})
+
+    @classmethod
+    def of(cls, result: Any) -> Provenance:
+        """What ``result`` records: its ``provenance`` attribute, else the fields of its ``meta`` (none: all
+        unknown)."""
+        own = getattr(result, "provenance", None)
+        return own if isinstance(own, Provenance) else cls.from_meta(getattr(result, "meta", None))
 
     def to_meta(self) -> dict[str, Any]:
         """The known fields, under their meta keys (merge into a result's ``meta``)."""
