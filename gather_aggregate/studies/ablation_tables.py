@@ -223,6 +223,10 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     from gather_aggregate.scan.exact import _as_model
 
     on_ray = check_ray_options(ray, ray_address, num_workers, shard_size=shard_size)  # before any forward
+    if on_ray:
+        from gather_aggregate.scan.distributed import check_picklable
+
+        check_picklable(metric, "the metric")
     model = _as_model(model)
     tokens = model.validate_tokens(tokens)
     sets = [model.check_head_set(hs) for hs in head_sets]
@@ -241,4 +245,4 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
             write_table(rows, out, {**meta, "done_shards": [str(s[0]) for s in shards], "complete": True})
         return rows
     return run_sharded(model_loader(model), _sweep_shard, shards, key=lambda s: str(s[0]), address=ray_address,
-                       num_workers=num_workers, out=out, meta=meta, resume=resume)
+                       num_workers=num_workers, out=out, meta=meta, resume=resume, model=model)
