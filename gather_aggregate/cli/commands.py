@@ -52,6 +52,10 @@ def precheck(args: argparse.Namespace) -> None:
                              "own prompts, so drop --dict-size")
         args.task = args.user_task.name if args.user_task is not None else (args.task or "kv")
 
+    method, n = getattr(args, "ablation", "zero"), getattr(args, "n", None)
+    if method in ("mean", "resample") and isinstance(n, int) and n < 2:  # the baseline is taken over the prompts
+        raise InputError(f"--ablation {method} over --n {n} prompt replaces each head by its own output (every "
+                         f"score 0, nothing ablated); pass --n 2 or more, or --ablation zero")
     resolve_source(resolve_model_path(args.model))
     parse_device(getattr(args, "device", None))
 
