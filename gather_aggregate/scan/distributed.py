@@ -296,7 +296,7 @@ def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards
                                     "complete": len(done) + len(results) == len(keys)})
 
     if todo:
-        expected = None if model is None else _checksum(model)
+        expected = "" if model is None else _checksum(model)
         ray = connect(address, num_cpus=None if address is not None else num_workers * threads)
         workers = _workers(ray, load, threads, min(num_workers, len(todo)))
         if model is not None:
