@@ -262,3 +262,34 @@ def test_lm_eval_ranking_orders_by_score_and_refuses_what_has_no_order(zoo, tmp_
     (tmp_path / "nan.json").write_text(json.dumps(nan))
     with pytest.raises(InputError, match="not a usable ranking .*not finite.*rerun `gather-aggregate scan`"):
         load_ranking(str(tmp_path / "nan.json"))
+
+
+# ---- cached activations and rankings handed to other steps ------------------------------------------------------
+def test_a_cache_of_another_model_is_refused_by_pattern(zoo):
+    m, other, t = zoo["model"], zoo["other"], zoo["tokens"][:1]
+    _, theirs = other.run_with_cache(t)
+    with pytest.raises(ProvenanceError, match="ActivationCache was made by another model .*pass tokens, or the cache "
+                                              "of this model's run_with_cache") as err:
+        m.pattern(theirs, 0)
+    _one_line(err)
+    _, own = m.run_with_cache(t)
+    assert torch.allclose(m.pattern(own, 0), m.pattern(t, 0))  # its own cache gives the pattern of the tokens
+
+
+def test_cumulative_ablation_refuses_another_models_ranking(zoo):
+    from gather_aggregate.studies.ablation_tables import cumulative_ablation
+
+    with pytest.raises(ProvenanceError, match="ranking was made with another model .*rank this model's heads"):
+        cumulative_ablation(zoo["other"], zoo["scan"], {"kv": zoo["examples"]}, ks=(0, 1))
+    rows = cumulative_ablation(zoo["model"], zoo["scan"], {"kv": zoo["examples"]}, ks=(0, 1))
+    assert [r["k"] for r in rows] == [0, 1] and rows[1]["heads"] == [list(zoo["scan"].top(1)[0])]
+
+
+def test_the_detector_writes_no_nan_for_heads_a_partial_scan_left_out(zoo):
+    from gather_aggregate.detect.detector import find_ga_heads
+
+    part = ScanResult([dict(r) for r in zoo["scan"].ranked().rows[:6]], dict(zoo["scan"].meta))
+    ga = find_ga_heads(zoo["model"], zoo["examples"], part)
+    drops = {(r["layer"], r["head"]): r["ablation_drop"] for r in ga.table}
+    assert sum(v is None for v in drops.values()) == 2  # was NaN, written into detect.json
+    assert all(drops[hd] == s for hd, s in part.scores().items())

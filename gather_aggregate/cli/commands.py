@@ -140,7 +140,7 @@ def run_scan(args: argparse.Namespace) -> int:
     else:
         result = attribution_scan(model, tokens, metric, method=args.ablation, reference=reference,
                                   estimator=args.mode, exact_prompts=getattr(args, "exact_prompts", 0))
-    result.meta.update(model_name=args.model, task_name=args.task)
+    result.meta.update(model_name=args.model, task_name=args.task, seed=args.seed)  # seed: the prompts' (Provenance)
     result.save(out / "scan.json")
     print(f"{args.mode} scan of {len(result.rows)} heads on {args.task} in {time.perf_counter() - t0:.1f} s "
           f"(clean metric {result.meta['metric_clean']:.4f}) -> {out}/scan.json, scan.csv")

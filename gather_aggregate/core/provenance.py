@@ -50,16 +50,37 @@ _WHAT = {"model": "model (fingerprint)", "weights": "weights (checksum)", "model
 def model_fingerprint(model: Any) -> str:
     """Cheap identity of a model: its layer layout and a sample of every parameter (the first 64 entries and the
     rounded sum of each tensor)."""
-    import torch
-
     h = hashlib.sha256(repr([(i.kind, i.n_heads, i.d_head) for i in model.layers]).encode())
-    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
+    _sample_parameters(h, getattr(model, "module", model))  # a bridge's wrapped HF model, else the model
+    return h.hexdigest()[:16]
+
+
+def module_fingerprint(module: Any) -> str:
+    """The parameter sample of :func:`model_fingerprint` of a bare ``torch.nn.Module`` (no layer table): what an
+    ``ActivationCache``'s ``model`` (the module that ran) can be compared by."""
+    h = hashlib.sha256()
+    _sample_parameters(h, module)
+    return h.hexdigest()[:16]
+
+
+def _sample_parameters(h: Any, module: Any) -> None:
     for name, p in module.named_parameters():
         flat = p.detach().reshape(-1)
         h.update(name.encode())
         h.update(flat[:64].float().cpu().numpy().tobytes())
         h.update(repr(round(float(flat.float().sum()), 4)).encode())
-    return h.hexdigest()[:16]
+
+
+def check_cache_owner(cache: Any, model: Any) -> None:
+    """Refuse an ``ActivationCache`` that another model (other weights) made: read as ``model``'s, its activations
+    would give that model's patterns.  A cache of ``model`` itself, or without a recorded maker, passes."""
+    maker = getattr(cache, "model", None)
+    own = getattr(model, "module", model)
+    if maker is None or maker is model or maker is own or not hasattr(maker, "named_parameters"):
+        return
+    if module_fingerprint(maker) != module_fingerprint(own):
+        raise ProvenanceError("this ActivationCache was made by another model (other weights); pass tokens, or the "
+                              "cache of this model's run_with_cache(tokens)")
 
 
 def weights_checksum(model: Any) -> str:

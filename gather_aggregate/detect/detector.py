@@ -337,12 +337,12 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     for row in res["heads"]:
         hd = (row["layer"], row["head"])
         merged = {**extra.get(hd, {}), **{k: v for k, v in row.items() if k != "read_profile"}}
-        if drops:
-            merged["ablation_drop"] = drops.get(hd, float("nan"))
+        if drops:  # a head the scan left out has no drop: None (JSON null), not a NaN written into the table
+            merged["ablation_drop"] = drops.get(hd)
         table.append(merged)
     for key, col in (("z_gather", "gather_mass"), ("z_aggregate", "aggregate_on_correct")) + ((("z_ablation", "ablation_drop"),)
                                                                                  if drops else ()):
-        for row, zz in zip(table, zscores([r[col] for r in table])):
+        for row, zz in zip(table, zscores([float("nan") if r[col] is None else r[col] for r in table])):
             row[key] = zz
     evidence: dict[Head, str] = {}
     joint: dict[str, float] = {}

@@ -89,7 +89,13 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
     """
     _check_inputs(model, task_sets, evaluator)
     if callable(getattr(ranking, "top", None)) and hasattr(ranking, "rows"):  # a ScanResult is a ranking
-        ranking = ranking.top(len(ranking.rows))  # type: ignore[attr-defined]
+        from gather_aggregate.scan.result import ScanResult
+
+        scan = ranking if isinstance(ranking, ScanResult) else ScanResult(list(ranking.rows), dict(ranking.meta))
+        scan.check_for(model, what="ranking", fix="rank this model's heads (exact_scan(model, ...)) or pass a list "
+                       "of heads")  # another model's scan removes the heads that matter there
+        scan.check_ordered("ranking")
+        ranking = scan.top(len(scan.rows))
     ranking = model.check_head_set(ranking)
     if isinstance(ks, (str, bytes)) or not hasattr(ks, "__iter__"):
         raise InputError(f"ks must be a list of head counts, e.g. (0, 10, 20), got {ks!r}")
