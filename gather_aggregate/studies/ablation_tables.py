@@ -91,7 +91,8 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
     if callable(getattr(ranking, "top", None)) and hasattr(ranking, "rows"):  # a ScanResult is a ranking
         from gather_aggregate.scan.result import ScanResult
 
-        scan = ranking if isinstance(ranking, ScanResult) else ScanResult(list(ranking.rows), dict(ranking.meta))
+        scan = ranking if isinstance(ranking, ScanResult) else \
+            ScanResult(list(ranking.rows), dict(getattr(ranking, "meta", {})))  # type: ignore[attr-defined]
         scan.check_for(model, what="ranking", fix="rank this model's heads (exact_scan(model, ...)) or pass a list "
                        "of heads")  # another model's scan removes the heads that matter there
         scan.check_ordered("ranking")
