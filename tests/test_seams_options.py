@@ -198,3 +198,18 @@ def test_load_model_of_a_folder_without_config_is_a_model_load_error(tmp_path):
 
     with pytest.raises(ModelLoadError, match="config.json"):
         check_model_source(str(tmp_path))
+
+
+def test_a_transformer_whose_config_was_edited_names_the_tensor_and_both_shapes(tmp_path):
+    import shutil
+
+    from gather_aggregate import load_model
+    from gather_aggregate.zoo import zoo_path
+
+    shutil.copytree(zoo_path("llama-kv"), tmp_path / "m")
+    _edit(tmp_path / "m", num_key_value_heads=2)
+    with pytest.raises(CheckpointError, match=r"model.layers.0.self_attn.k_proj.weight is \(128, 128\) in the "
+                                              r"checkpoint but \(64, 128\) for the config; 4 tensors differ\); .*"
+                                              r"restore config.json") as err:
+        load_model(tmp_path / "m")
+    assert "\n" not in str(err.value)
