@@ -121,6 +121,15 @@ def test_an_unpicklable_metric_is_refused_before_any_worker_starts(tiny_llama_di
     assert "\n" not in str(err.value) and not ray.is_initialized()
 
 
+def test_an_ablation_sweep_with_an_unpicklable_metric_is_refused_before_the_model_loads():
+    from gather_aggregate.studies.ablation_tables import ablation_sweep
+
+    lock = threading.Lock()
+    with pytest.raises(InputError, match=r"the metric cannot be sent to Ray workers .*'_thread.lock'"):
+        ablation_sweep("./not/loaded", torch.zeros(1, 4, dtype=torch.long), lambda x: lock, [[(0, 0)]], ray=True)
+    assert not ray.is_initialized()
+
+
 def test_run_sharded_names_the_part_that_cannot_be_pickled():
     lock = threading.Lock()
     with pytest.raises(InputError, match="the job function cannot be sent to Ray workers"):

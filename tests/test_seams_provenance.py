@@ -227,6 +227,13 @@ def test_resume_refuses_a_hand_edited_row(zoo, tmp_path, field, value, needle):
         ScanResult.load(out)
 
 
+def test_a_duplicated_row_is_refused():
+    rows = [{"layer": 0, "head": 1, "score": 0.5}, {"layer": 1, "head": 0, "score": 0.2},
+            {"layer": 0, "head": 1, "score": 0.1}]
+    with pytest.raises(InputError, match=r"row 2 \(L0H1\) repeats row 0"):
+        ScanResult(rows)
+
+
 def test_a_nan_score_in_memory_is_a_non_finite_error():
     with pytest.raises(NonFiniteError, match=r"row 0 \(L0H1\)'s score is nan"):
         ScanResult([{"layer": 0, "head": 1, "score": float("nan")}])

@@ -178,6 +178,7 @@ def table_problem(data: Any) -> str | None:
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
             or not isinstance(data.get("meta", {}), dict):
         return 'expected a JSON object {"meta": {...}, "rows": [...]}'
+    seen: dict[tuple[Any, ...], int] = {}
     for i, r in enumerate(data["rows"]):
         if not isinstance(r, dict) or any(k not in r for k in ("layer", "head", "score")):
             return f"row {i} lacks layer, head or score"
@@ -193,6 +194,10 @@ def table_problem(data: Any) -> str | None:
                 return f"{where}'s {k} is {v!r}, not a number"
             if not math.isfinite(v):
                 return f"{where}'s {k} is {v}, not finite"
+        key = (r["layer"], r["head"], r.get("position"))  # patching tables have a row per head and position
+        if key in seen:  # a ranking would name the head twice, and scores() keep one of the two
+            return f"{where} repeats row {seen[key]}"
+        seen[key] = i
     return None
 
 
