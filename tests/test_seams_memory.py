@@ -78,6 +78,14 @@ def test_a_cache_that_is_not_llama_style_is_refused_not_counted_as_kv(tiny_llama
         cache_bytes(raw, 16)
 
 
+def test_a_sliding_window_the_model_does_not_use_is_counted_as_full_attention(tiny_llama_dir):
+    raw = json.loads((tiny_llama_dir / "config.json").read_text())
+    qwen2 = raw | {"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False}
+    assert cache_bytes(qwen2, 8192).kv_bytes == cache_bytes(raw, 8192).kv_bytes
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention"):
+        cache_bytes(qwen2 | {"use_sliding_window": True}, 8192)
+
+
 def test_a_hybrid_config_that_lacks_its_fields_is_one_line():
     raw = _raw("falcon_h1")
     del raw["mamba_n_heads"]

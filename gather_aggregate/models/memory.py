@@ -149,7 +149,8 @@ def _elements(c: dict[str, Any], L: int) -> tuple[int, int, int]:
             raise InputError(f"cache_bytes cannot read the {mt} config ({type(exc).__name__}: {exc}); pass the "
                              "config.json the checkpoint was saved with") from None
     if "num_attention_heads" in c and "num_hidden_layers" in c and "state_size" not in c:
-        if c.get("sliding_window") or c.get("layer_types") and any("sliding" in t for t in c["layer_types"]):
+        sliding = c.get("sliding_window") and c.get("use_sliding_window", True)  # Qwen2 records one it does not use
+        if sliding or c.get("layer_types") and any("sliding" in t for t in c["layer_types"]):
             raise UnsupportedModelError(f"{mt!r} uses sliding-window attention, which cache_bytes does not model")
         odd = sorted(k for k in c if k.startswith(_NOT_LLAMA_PREFIXES) or k in _NOT_LLAMA_KEYS)
         types = {str(t) for t in c.get("layer_types") or []} - {"full_attention", "attention"}
