@@ -12,9 +12,9 @@ TransformerLens load only when one of the names below is first used.
 
 from __future__ import annotations
 
-from gather_aggregate._lazy import lazy_attributes
 from gather_aggregate.adapters.config import FAMILY_OF_MODEL_TYPE
 from gather_aggregate.adapters.families import HYBRID_FAMILIES
+from gather_aggregate.core.lazy import lazy_attributes
 
 #: HF ``model_type`` values of pure SSMs served by :func:`load_ssm` (the keys of ``config.FAMILY_OF_MODEL_TYPE``).
 SSM_MODEL_TYPES: tuple[str, ...] = tuple(FAMILY_OF_MODEL_TYPE)

@@ -32,7 +32,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
+from gather_aggregate.core.rotary import apply_rope, default_inv_freq, rope_cos_sin
 
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu,
                                                  "relu": F.relu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -45,34 +46,6 @@ def activation(name: str) -> Callable[[Tensor], Tensor]:
         raise UnsupportedModelError(
             f"MLP activation {name!r} is not supported by the hooked hybrids; supported: {', '.join(_ACTS)}"
         ) from None
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    """``[x1, x2] -> [-x2, x1]`` on the last axis (the non-interleaved RoPE convention of HF Llama)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rope_cos_sin(inv_freq: Tensor, n_pos: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``cos, sin`` of shape ``[pos, rotary_dim]``: angle ``pos * inv_freq``, duplicated over both halves."""
-    pos = torch.arange(n_pos, device=inv_freq.device, dtype=torch.float32)
-    freqs = pos[:, None] * inv_freq.float()[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: Float[Tensor, "batch pos head d_head"], cos: Tensor, sin: Tensor) -> Float[Tensor, "batch pos head d_head"]:
-    """RoPE on the first ``cos.shape[-1]`` dims of each head; the rest pass through (partial RoPE).
-    ``cos``/``sin``: ``[pos, rotary_dim]``, or ``[batch, pos, rotary_dim]`` for per-prompt positions."""
-    r = cos.shape[-1]
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
-    return torch.cat((x_rot * c + rotate_half(x_rot) * s, x_pass), dim=-1)
-
-
-def default_inv_freq(rotary_dim: int, theta: float) -> Tensor:
-    """``1 / theta^(2i / rotary_dim)`` for ``i < rotary_dim / 2`` (the default RoPE)."""
-    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
 
 
 class Attention(nn.Module):

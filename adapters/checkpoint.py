@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gather_aggregate.adapters.streaming import Checkpoint, StackedTensor, TensorSource, materialize
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.core.errors import CheckpointError, InputError, ModelLoadError
 
 
 def _listing(items: list[str], limit: int = 12) -> str:

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
-from gather_aggregate.errors import InputError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, UnsupportedModelError
 
 Family = Literal["mamba1", "mamba2", "discrete_mamba2"]
 

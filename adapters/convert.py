@@ -36,7 +36,7 @@ from gather_aggregate.adapters.config import (
 )
 from gather_aggregate.adapters.model import HookedSSM
 from gather_aggregate.adapters.streaming import apply_tying, meta_init, parse_dtype, resolve_dtype
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.core.errors import CheckpointError, InputError, ModelLoadError
 
 _LAYER = re.compile(r"^backbone\.layers\.(\d+)\.(norm|mixer)\.(.+)$")
 _EMBED_KEYS = ("backbone.embeddings.weight", "backbone.embedding.weight")

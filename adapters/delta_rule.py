@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from gather_aggregate.errors import InputError, MemoryBudgetError
+from gather_aggregate.core.errors import InputError, MemoryBudgetError
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:

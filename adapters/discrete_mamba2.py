@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from gather_aggregate.adapters import fastpath
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import _MixerBase, causal_conv
-from gather_aggregate.adapters.scan import mamba2_scan, mamba2_scan_ref
-from gather_aggregate.errors import InputError
+from gather_aggregate.adapters.selective_scan import mamba2_scan, mamba2_scan_ref
+from gather_aggregate.core.errors import InputError
 
 
 def discrete_mamba2_ref(x: Tensor, dt: Tensor, B: Tensor, C: Tensor, D: Tensor) -> Tensor:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 _IMPLS = ("auto", "chunked", "sequential", "kernel")
 

@@ -26,7 +26,7 @@ from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters.delta_rule import delta_rule_chunked, delta_rule_ref, prepare_qk
 from gather_aggregate.adapters.mixers import WeightedRMS, causal_conv
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 _IMPLS = ("auto", "chunked", "sequential", "kernel")
 

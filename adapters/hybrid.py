@@ -49,9 +49,9 @@ from gather_aggregate.adapters.attention import Attention, GatedMLP, SparseMoE
 from gather_aggregate.adapters.hybrid_config import HybridConfig
 from gather_aggregate.adapters.mixers import MLPAfterMixer, RMSNorm, SSMMixer, make_mixer
 from gather_aggregate.adapters.model import HookedSSM
-from gather_aggregate.checks import is_cache
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import LayerInfo, gather_rows, resolve_rows
+from gather_aggregate.core.arguments import is_cache
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import LayerInfo, gather_rows, resolve_rows
 
 
 def hybrid_attention(cfg: HybridConfig) -> Attention:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gather_aggregate.adapters.config import SSMConfig
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
 
 
 @dataclass

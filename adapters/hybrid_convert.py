@@ -33,7 +33,7 @@ from gather_aggregate.adapters.streaming import (
     parse_dtype,
     resolve_dtype,
 )
-from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, ModelLoadError, UnsupportedModelError
 
 
 def _unsupported(model_type: Any) -> UnsupportedModelError:

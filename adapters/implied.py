@@ -33,7 +33,7 @@ A query-row request (``rows=``) costs O(rows · L · d_inner · d_state) and nev
 builds an L x L matrix.
 
 Memory: every entry point estimates its bytes *before* allocating and raises
-:class:`~gather_aggregate.errors.MemoryBudgetError` past ``max_bytes``, naming
+:class:`~gather_aggregate.core.errors.MemoryBudgetError` past ``max_bytes``, naming
 cheaper requests (fewer rows, fewer heads, coarser channel groups, a shorter
 prompt).  Mamba-1 channels are processed in chunks and reduced into their heads
 on the fly, and temporaries are cache-sized tiles in reused buffers, so memory is

@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gather_aggregate.errors import IndexOutOfRangeError, InputError, MemoryBudgetError
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError, MemoryBudgetError
 
 Reduce = Literal["mean", "abs_mean", "sum"]
 DEFAULT_MAX_BYTES = 2 * 1024**3

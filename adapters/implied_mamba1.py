@@ -36,7 +36,7 @@ from gather_aggregate.adapters.implied_mamba1_blocks import (
     full_per_channel_bytes,
     rows_per_channel,
 )
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 
 # ============================================================================ reference (oracle)

@@ -55,7 +55,7 @@ from gather_aggregate.adapters.discrete_mamba2 import DiscreteMamba2Mixer
 from gather_aggregate.adapters.mixers import MLPAfterMixer, RMSNorm
 from gather_aggregate.adapters.model import HookedSSM, SSMParams
 from gather_aggregate.adapters.streaming import TensorSource, resolve_dtype
-from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, ModelLoadError, UnsupportedModelError
 
 MODEL_TYPE = "llamba"
 _BLOCK_EPS = 1e-5  # the reference's block norms ignore norm_epsilon

@@ -50,8 +50,8 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.adapters.mixers import HasSSMMixers
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import HookedModel
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import HookedModel
 
 
 def _check_mask(mask: Any, n_listed: int) -> Tensor:

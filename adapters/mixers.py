@@ -32,8 +32,13 @@ from transformer_lens.hook_points import HookPoint
 
 from gather_aggregate.adapters import fastpath
 from gather_aggregate.adapters.config import SSMConfig
-from gather_aggregate.adapters.scan import mamba1_scan, mamba1_scan_ref, mamba2_scan, mamba2_scan_ref
-from gather_aggregate.errors import InputError
+from gather_aggregate.adapters.selective_scan import (
+    mamba1_scan,
+    mamba1_scan_ref,
+    mamba2_scan,
+    mamba2_scan_ref,
+)
+from gather_aggregate.core.errors import InputError
 
 SCAN_IMPLS = ("auto", "chunked", "sequential", "kernel")
 

@@ -29,11 +29,11 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.adapters.config import SSMConfig
 from gather_aggregate.adapters.mixers import RMSNorm, SSMMixer, _MixerBase, make_mixer
 from gather_aggregate.adapters.placement import refuse_split
-from gather_aggregate.checks import is_cache
-from gather_aggregate.errors import InputError, NonFiniteError
-from gather_aggregate.hook_checks import CheckedHooks, check_cache_names
-from gather_aggregate.indices import layer_bound
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, device_of, resolve_rows
+from gather_aggregate.core.arguments import is_cache
+from gather_aggregate.core.errors import InputError, NonFiniteError
+from gather_aggregate.core.hook_names import CheckedHooks, check_cache_names
+from gather_aggregate.core.indices import layer_bound
+from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin, device_of, resolve_rows
 
 #: Default budget (bytes) for implied-attention computations; ``model.max_pattern_bytes`` overrides.
 DEFAULT_PATTERN_BUDGET = 2 * 1024**3

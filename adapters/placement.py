@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 _PLANNERS = ("auto", "balanced", "balanced_low_0", "sequential")
 _BLOCK_CLASSES = ("SSMBlock", "HybridBlock", "Zamba2AttnBlock", "Zamba2SSMBlock")

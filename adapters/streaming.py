@@ -52,7 +52,8 @@ from typing import Any, TypeAlias
 import torch
 from torch import Tensor, nn
 
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.adapters.weight_files import weight_files
+from gather_aggregate.core.errors import CheckpointError, InputError, ModelLoadError
 
 _CHUNK_BYTES = 64 * 1024**2
 _ST_DTYPES: dict[str, torch.dtype] = {
@@ -60,9 +61,6 @@ _ST_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
-_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_SINGLES = ("model.safetensors", "pytorch_model.bin")
-_FOREIGN = ("tf_model.h5", "flax_model.msgpack", "model.ckpt.index", "consolidated.00.pth", "model.gguf")
 
 
 # ----------------------------------------------------------------------------- references
@@ -359,38 +357,6 @@ class Checkpoint(Mapping[str, StoredTensor]):
         return next((r.dtype for r in self._refs.values() if r.dtype.is_floating_point), None)
 
 
-def weight_files(directory: Path) -> tuple[list[Path], dict[str, Any]]:
-    """The weight files of a directory (an index's shards) and the index's ``metadata``, in HF's order of
-    preference: ``model.safetensors``, its index, ``pytorch_model.bin``, its index.  (Indexes first read a stale
-    ``model.safetensors.index.json``, which ``save_pretrained`` leaves when a sharded model is re-saved whole: its
-    missing shards were refused, or, still present, silently loaded instead of the newer file HF loads.)"""
-    from gather_aggregate.loading_checks import refuse_lfs_pointers
-
-    d = directory
-    for single, index in zip(_SINGLES, _INDEXES):
-        if (d / single).is_file():
-            return refuse_lfs_pointers([d / single]), {}
-        if (d / index).is_file():
-            try:
-                data = json.loads((d / index).read_text())
-                shards = sorted(set(data["weight_map"].values()))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise CheckpointError(f"{str(d / index)!r} is not a valid checkpoint index ({type(exc).__name__}: "
-                                      f"{exc}); it needs a 'weight_map' of tensor name -> shard file") from None
-            missing = [s for s in shards if not (d / s).is_file()]
-            if missing:
-                raise ModelLoadError(f"checkpoint shard(s) {', '.join(repr(str(d / s)) for s in missing)} listed in "
-                                     f"{index} are missing; download them again")
-            return refuse_lfs_pointers([d / s for s in shards]), dict(data.get("metadata") or {})
-    foreign = [f for f in _FOREIGN if (d / f).is_file()]
-    hint = (f" (found {', '.join(foreign)}: TF/Flax/GGUF/consolidated weights are not read; convert them to "
-            "PyTorch with transformers and save_pretrained)" if foreign else "")
-    raise ModelLoadError(
-        f"no weights in {str(d)!r} (looked for model.safetensors, pytorch_model.bin and their .index.json){hint}; "
-        "save the model with model.save_pretrained(dir) or torch.save(model.state_dict(), dir/'pytorch_model.bin')"
-    )
-
-
 # ----------------------------------------------------------------------------- HF rules
 def config_dtype(config: Any) -> torch.dtype | None:
     """``dtype`` / ``torch_dtype`` of an HF config object or a raw config dict, as a ``torch.dtype``."""
@@ -494,4 +460,4 @@ def materialize(model: nn.Module, sources: Mapping[str, Any], *, dtype: torch.dt
 
 
 __all__ = ["parse_dtype", "meta_init", "Checkpoint", "StoredTensor", "StackedTensor", "TensorSource", "materialize", "resolve_dtype", "apply_tying",
-           "tensors_equal", "copy_source", "weight_files", "config_dtype"]
+           "tensors_equal", "copy_source", "config_dtype"]

@@ -3,14 +3,14 @@
 For each model (the zoo; with ``--fixtures`` also the detector's fresh models in ``tests/fixtures/models`` on
 their own tasks, as ``tests/test_detect_fixtures.py`` builds them), on the same KV prompts and metric (mean log-prob of the right
 answer, or ``--metric logit_diff``), every estimator ranks every head and is
-compared with the exact scan (:func:`gather_aggregate.scan.exact_scan`):
+compared with the exact scan (:func:`gather_aggregate.scan.exact.exact_scan`):
 Spearman ρ over all heads, top-5 overlap, and its wall time as a fraction of
 the exact scan's (one thread; each timed best-of-``--repeats``).  The last column is
 the exact scan itself on ``n`` other prompts (seed 1): how far its own ranking
 reproduces, the ceiling no estimator can be asked to beat by much.
 
 A second table counts the pairs of heads the exact scan *resolves* (drops more than two combined standard errors
-over the prompts apart, :func:`gather_aggregate.rankings.compare_rankings`) and the share of them each estimator
+over the prompts apart, :func:`gather_aggregate.scan.rankings.compare_rankings`) and the share of them each estimator
 orders the same way: a ranking measure that does not score the order of heads the prompts cannot tell apart.
 
     python benchmarks/bench_attribution.py                          # the shipped zoo
@@ -83,8 +83,8 @@ def bench(name: str, path, n: int, kind: str, steps: int, repeats: int, ceiling:
           fixture: bool = False, only: list[str] | None = None) -> dict:
     from bench_scan import kv_setup
 
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import compare_rankings, exact_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import compare_rankings, exact_scan
 
     model, task, tokens, metric = fixture_setup(path, n, kind) if fixture else kv_setup(name, n, None, 1, path, kind)
     heads = len(model.all_heads())

@@ -2,7 +2,7 @@
 
 The exact scan's mean drop of head ``h`` over ``n`` prompts is the mean of per-prompt drops ``E[p, h]``
 (the metric, mean log-prob of the answer, is a mean over prompts); an estimator (AtP, AtP-softmax;
-:func:`gather_aggregate.attribution.attribution_scan`) gives per-prompt estimates ``A[p, h]``, ``S[p, h]`` whose
+:func:`gather_aggregate.attribution.estimators.attribution_scan`) gives per-prompt estimates ``A[p, h]``, ``S[p, h]`` whose
 mean is its batch estimate.  A scheme that scans some cells ``C`` exactly and estimates the rest gives
 
     c̃(h) = (1/n) [ Σ_{p: (p,h) ∈ C} E[p, h] + Σ_{p: (p,h) ∉ C} Ŝ[p, h] ].
@@ -50,8 +50,8 @@ def per_prompt(model, task, n: int):
     exact scan and the batch AtP-softmax."""
     import torch
 
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import exact_scan
     from gather_aggregate.tasks import task_metric
 
     examples = task.examples(model.tokenizer, n=n, seed=0)
@@ -103,8 +103,8 @@ def calibrated(E, A, S, heads, k: int):
 
 def coreset(E, S, k: int):
     """Per-head means from ``k`` prompts chosen and weighted on ``S`` alone, plus the estimator's residual mean
-    (the library's choice, :func:`gather_aggregate.attribution_coreset.choose_prompts`)."""
-    from gather_aggregate.attribution_coreset import choose_prompts
+    (the library's choice, :func:`gather_aggregate.attribution.coreset.choose_prompts`)."""
+    from gather_aggregate.attribution.coreset import choose_prompts
 
     chosen, w = choose_prompts(S, k)
     return w @ E[chosen] + (S.mean(0) - w @ S[chosen])
@@ -124,7 +124,7 @@ def bench(name: str, path, fixture: bool, n: int, show: bool = False) -> dict:
     from bench_attribution_cv import _as_result
     from bench_scan import kv_setup
 
-    from gather_aggregate.scan import compare_rankings
+    from gather_aggregate.scan.exact import compare_rankings
 
     model, task, _, _ = ba.fixture_setup(path, n, "logprob") if fixture else kv_setup(name, n, None, 1, path,
                                                                                       "logprob")

@@ -1,7 +1,7 @@
 """Attribution with the exact scan on a few prompts as a control variate (issue 24 §1, an idea measured).
 
 Let ``c̄(h)`` be the exact scan's mean drop over the ``n`` prompts, ``ĉ(h)`` an estimator's (AtP or AtP-softmax,
-:func:`gather_aggregate.attribution.attribution_scan`) over the same ``n``, and ``c̄_S(h)``, ``ĉ_S(h)`` the same two
+:func:`gather_aggregate.attribution.estimators.attribution_scan`) over the same ``n``, and ``c̄_S(h)``, ``ĉ_S(h)`` the same two
 over a subset ``S`` of ``k`` prompts (here the first ``k``; the prompts are drawn at random by the task).  The
 control-variate estimate is
 
@@ -41,7 +41,7 @@ def _timed(fn):
 
 def _as_result(reference, scores):
     """``scores`` ({head: value}) as a ScanResult with ``reference``'s rows (no standard errors)."""
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.scan.exact import ScanResult
 
     rows = [{k: v for k, v in r.items() if k != "stderr"} | {"score": scores[(r["layer"], r["head"])]}
             for r in reference.rows]
@@ -51,8 +51,8 @@ def _as_result(reference, scores):
 def _subset_cells(model, exact, t_exact: float, full: dict, tokens, metric) -> dict:
     """The three rankings of one subset of prompts (``tokens``, ``metric``), each compared with the full exact scan
     ``exact``: ``{label: (ρ, top-5 overlap, resolved-pairs agreement, time ÷ exact)}``."""
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import compare_rankings, exact_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import compare_rankings, exact_scan
 
     def cell(scores, seconds):
         c = compare_rankings(exact, _as_result(exact, scores), k=5)
@@ -71,8 +71,8 @@ def bench(name: str, path, fixture: bool, n: int, ks: list[int]) -> list[dict]:
     import bench_attribution as ba
     from bench_scan import kv_setup
 
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import exact_scan
     from gather_aggregate.tasks import task_metric
 
     model, task, tokens, metric = ba.fixture_setup(path, n, "logprob") if fixture else kv_setup(name, n, None, 1,

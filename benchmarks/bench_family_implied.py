@@ -53,7 +53,7 @@ def build(family: str, width: str = "real") -> tuple[Any, Any]:
     """(our hooked model, the HF model or None) for one layer of ``family``."""
     if family == "llamba":
         from gather_aggregate.adapters.llamba import load_llamba
-        from gather_aggregate.adapters.llamba_testing import (
+        from gather_aggregate.testing.llamba_checkpoints import (
             llamba_raw_config,
             random_llamba_state_dict,
             save_llamba_checkpoint,
@@ -69,7 +69,7 @@ def build(family: str, width: str = "real") -> tuple[Any, Any]:
     from gather_aggregate.adapters import load_ssm
 
     if family == "granitemoehybrid":
-        from gather_aggregate.adapters.families_testing import granite_config, tiny_hf_granite
+        from gather_aggregate.testing.tiny_families import granite_config, tiny_hf_granite
 
         big = width == "real"
         cfg = granite_config(vocab_size=VOCAB, hidden_size=1536 if big else 64, layer_types=["mamba"],
@@ -79,7 +79,7 @@ def build(family: str, width: str = "real") -> tuple[Any, Any]:
         hf = tiny_hf_granite(0, config=cfg)
         return load_ssm(hf), hf
     if family == "falcon_h1":
-        from gather_aggregate.adapters.families_testing import falcon_h1_config, tiny_hf_falcon_h1
+        from gather_aggregate.testing.tiny_families import falcon_h1_config, tiny_hf_falcon_h1
 
         big = width == "real"
         cfg = falcon_h1_config(vocab_size=VOCAB, hidden_size=3072 if big else 64, intermediate_size=256,
@@ -89,7 +89,7 @@ def build(family: str, width: str = "real") -> tuple[Any, Any]:
                                mamba_d_state=256 if big else 16, mamba_n_groups=1)
         hf = tiny_hf_falcon_h1(0, config=cfg)
         return load_ssm(hf), hf
-    from gather_aggregate.adapters.families_testing import qwen3_next_config, tiny_hf_qwen3_next
+    from gather_aggregate.testing.tiny_families import qwen3_next_config, tiny_hf_qwen3_next
 
     big = width == "real"
     cfg = qwen3_next_config(vocab_size=VOCAB, hidden_size=2048 if big else 64, intermediate_size=256,
@@ -176,7 +176,7 @@ def child(spec: dict[str, Any]) -> None:
 
 
 def _bridge(hf: Any) -> Any:
-    from gather_aggregate.bridge import _build_bridge
+    from gather_aggregate.models.bridge import _build_bridge
 
     return _build_bridge(hf, type(hf).__name__, hf.config, None)
 

@@ -1,6 +1,6 @@
 """The whole pipeline on CUDA with real-width random checkpoints (run once, on an H200: docs/benchmarks.md, "On a GPU").
 
-Per family (``gather_aggregate.adapters.realwidth``; published widths, ``--layers`` layers, shipped dtype and
+Per family (``gather_aggregate.testing.realwidth``; published widths, ``--layers`` layers, shipped dtype and
 sharding) it measures, in one process, one family at a time:
 
 * bf16 (shipped dtype) load: time and peak device memory / parameter bytes (goal <= 1.1);
@@ -48,8 +48,8 @@ def _timed(fn: Any, device: str, repeats: int = 3) -> tuple[float, Any]:
 def run_family(name: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     from gather_aggregate import load_model
     from gather_aggregate.adapters.fastpath import kernels_available
-    from gather_aggregate.adapters.realwidth import PUBLISHED, hf_reference, param_bytes, write_checkpoint
-    from gather_aggregate.scan import atp_scan, exact_scan, naive_scan
+    from gather_aggregate.scan.exact import atp_scan, exact_scan, naive_scan
+    from gather_aggregate.testing.realwidth import PUBLISHED, hf_reference, param_bytes, write_checkpoint
 
     dev = args.device
     cut = {"vocab": args.vocab} if args.vocab else {}
@@ -137,7 +137,7 @@ def main() -> None:
             rows.append(run_family(name, Path(tmp), args))
             print(json.dumps(rows[-1]), flush=True)
     if args.json:
-        from gather_aggregate.io import atomic_write_json
+        from gather_aggregate.core.results_io import atomic_write_json
 
         atomic_write_json(args.json, {"rows": rows, "device": args.device})
     keys = ["family", "kept_dtype", "param_GiB", "load_s", "load_peak_over_params", "forward_s", "cache_s",

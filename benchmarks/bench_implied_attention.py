@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import measure, run_child, single_thread  # noqa: E402
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.protocol import HookedModel
+    from gather_aggregate.core.protocol import HookedModel
 
 HERE = Path(__file__).resolve()
 SSM_HOOKS = ("dt", "B", "C")
@@ -47,7 +47,7 @@ SSM_HOOKS = ("dt", "B", "C")
 # ------------------------------------------------------------------ building blocks (also used by the smoke test)
 def build_hf(model_type: str = "mamba", d_model: int = 256, d_state: int = 16, seed: int = 0, **over: Any) -> Any:
     """A one-layer random-weight HF Mamba-1 model (``expand=2``: d_inner = 2 * d_model)."""
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     return tiny_hf_ssm(model_type, seed=seed, vocab_size=256, hidden_size=d_model, num_hidden_layers=1, expand=2,
                        state_size=d_state, **over)

@@ -32,7 +32,7 @@ def build_default_model(n_ctx: int):
     from gather_aggregate import from_hf_model
     from gather_aggregate.tasks import word_level_tokenizer
     from gather_aggregate.tasks.facts import shipped_words
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     tok = word_level_tokenizer(["Memorize the following dictionary:\n\nThe value of the key ' is",
                                 " ".join(shipped_words("keys")), " ".join(map(str, range(100)))])

@@ -1,6 +1,6 @@
 """Load real-width random checkpoints: peak RSS / parameter bytes, load time against HF, max |Δlogit|.
 
-For each family a random checkpoint with the published widths (``gather_aggregate.adapters.realwidth``),
+For each family a random checkpoint with the published widths (``gather_aggregate.testing.realwidth``),
 ``--layers`` layers, the shipped dtype and sharding is written once, then every measurement runs in a fresh
 single-threaded child process:
 
@@ -83,14 +83,14 @@ def child(args: argparse.Namespace) -> None:
         import gather_aggregate.adapters.convert  # noqa: F401 - kept out of the timed load and its peak
         import gather_aggregate.adapters.hybrid_convert  # noqa: F401
         import gather_aggregate.adapters.llamba  # noqa: F401
-        import gather_aggregate.bridge  # noqa: F401
+        import gather_aggregate.models.bridge  # noqa: F401
     from gather_aggregate import load_model
-    from gather_aggregate.adapters.realwidth import param_bytes
+    from gather_aggregate.testing.realwidth import param_bytes
 
     d = Path(args.dir)
     dtype = "float32" if args.logits else None
     if args.child == "oracle":  # Llamba: the sequential oracle of Cartesia's forward (no HF class)
-        from gather_aggregate.adapters.realwidth import reference_logits
+        from gather_aggregate.testing.realwidth import reference_logits
 
         raw = json.loads((d / "config.json").read_text())
         tokens = torch.randint(0, min(raw["vocab_size"], 32000), (1, 64), generator=torch.Generator().manual_seed(0))
@@ -137,7 +137,7 @@ def _hf_copy(src: Path, dst: Path, name: str, layers: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gather_aggregate.adapters.realwidth import hf_config
+    from gather_aggregate.testing.realwidth import hf_config
 
     cfg = hf_config(name, **{"n_layers": layers, **CUTS.get(name, {})})
     with torch.device("meta"):
@@ -162,7 +162,7 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return child(args)
-    from gather_aggregate.adapters.realwidth import write_checkpoint
+    from gather_aggregate.testing.realwidth import write_checkpoint
 
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:

@@ -4,7 +4,7 @@ Both train the same ``MambaForCausalLM`` weights on the same batches of the zoo'
 training mixture (``gather_aggregate.training``): one AdamW step = forward, answer-token
 cross-entropy, backward, clip, update.  HF's path is ``use_mambapy=True`` (mambapy's
 parallel scan over the whole sequence, what ``zoo train --arch mamba1 --mamba1-scan hf``
-uses); ours swaps each mixer's scan for :func:`gather_aggregate.adapters.scan.mamba1_scan`
+uses); ours swaps each mixer's scan for :func:`gather_aggregate.adapters.selective_scan.mamba1_scan`
 (``--mamba1-scan chunked``, the default).  The two alternate, batch by batch, so load
 on the machine hits both alike; the first step of each is a warm-up and is not timed.
 

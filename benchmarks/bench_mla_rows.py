@@ -30,8 +30,8 @@ def main() -> None:
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     from gather_aggregate import from_hf_model
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.scan.exact import exact_scan
 
     torch.set_num_threads(args.threads)
     cfg = DeepseekV2Config(vocab_size=2048, hidden_size=args.hidden, intermediate_size=2 * args.hidden,

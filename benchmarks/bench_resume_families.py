@@ -4,7 +4,7 @@
 *restart* is the path these blocks took before ``BridgeModel.mixer_resume`` knew their forms (forced here by
 making ``mixer_resume`` answer ``None``): each stacked copy re-runs the edited layer from its input.  *inside*
 edits the cached attention output through ``W_O`` and continues after the attention.  Random-weight models of
-the given size (``gather_aggregate.testing.tiny_transformer`` with wider configs), KV-free random prompts, the
+the given size (``gather_aggregate.testing.tiny_models.tiny_transformer`` with wider configs), KV-free random prompts, the
 log-prob of the last token as the metric (a plain function: full logits; and a ``ReadoutMetric`` at the last
 position).  Runs interleaved, best of ``--repeats``; the scores of both paths are compared too.
 
@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def build(family: str, layers: int, heads: int, width: int, tok):
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_transformer
+    from gather_aggregate.testing.tiny_models import tiny_transformer
 
     sizes = dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * width,
                  max_position_embeddings=512)
@@ -39,9 +39,9 @@ def build(family: str, layers: int, heads: int, width: int, tok):
 def main() -> None:
     import torch
 
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.scan.exact import exact_scan
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--families", nargs="+", default=["pythia", "gemma2"])

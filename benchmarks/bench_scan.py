@@ -95,7 +95,7 @@ def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.P
     if path is None:
         import tempfile
 
-        from gather_aggregate.testing import save_model_dir, tiny_llama
+        from gather_aggregate.testing.tiny_models import save_model_dir, tiny_llama
 
         hf, tok = tiny_llama(num_hidden_layers=4)
         path = save_model_dir(hf, tok, tempfile.mkdtemp())
@@ -108,7 +108,7 @@ def kv_setup(name: str, n: int, dict_size: int | None, threads: int, path: "os.P
 def bench_model(name: str, n: int, dict_size: int | None, threads: int, method: str = "zero",
                 path: "os.PathLike | None" = None, max_rows: int | None = None, kind: str = "logprob",
                 repeats: int = 3, device: str = "cpu") -> dict:
-    from gather_aggregate.scan import atp_scan, compare_rankings, exact_scan, naive_scan
+    from gather_aggregate.scan.exact import atp_scan, compare_rankings, exact_scan, naive_scan
     from gather_aggregate.tasks import task_metric
 
     model, task, tokens, metric = kv_setup(name, n, dict_size, threads, path, kind, device)
@@ -152,9 +152,9 @@ def cpu_bound(name: str, n: int, threads: int, repeats: int = 3, path: "os.PathL
     """
     import torch
 
-    from gather_aggregate import layer_resume
-    from gather_aggregate.interventions import Edit, group_by_layer
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.interventions import layer_resume
+    from gather_aggregate.interventions.ablation import Edit, group_by_layer
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
 
     model, _, tokens, metric = kv_setup(name, n, None, threads, path)
     by_layer = group_by_layer(model.all_heads())
@@ -186,7 +186,7 @@ def cpu_bound(name: str, n: int, threads: int, repeats: int = 3, path: "os.PathL
 def rows_sweep(name: str, n: int, sizes: list[int], threads: int, repeats: int = 3) -> dict:
     """Best-of-``repeats`` exact-scan time (task ``ReadoutMetric``) for each ``max_rows``, the sizes interleaved
     so that a busy machine slows them alike."""
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     model, _, tokens, metric = kv_setup(name, n, None, threads)
     best = {m: float("inf") for m in sizes}

@@ -50,8 +50,8 @@ def bench(name: str, path, n: int, steps: int, fixture: bool) -> dict:
     from bench_attribution import fixture_setup
     from bench_scan import kv_setup
 
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     model, _, tokens, metric = fixture_setup(path, n, "logprob") if fixture else kv_setup(name, n, None, 1, path,
                                                                                          "logprob")

@@ -31,7 +31,7 @@ from _common import limit_address_space, machine  # noqa: E402
 
 def build(model_type: str, d_model: int):
     from gather_aggregate.adapters import load_ssm
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     if model_type == "mamba2":
         hf = tiny_hf_ssm("mamba2", seed=0, vocab_size=1000, hidden_size=d_model, num_hidden_layers=2, expand=2,

@@ -53,8 +53,8 @@ def lines(model_dir: Path, variant: str, n: int) -> list[dict[str, Any]]:
 def main() -> int:
     import torch
 
-    from gather_aggregate.detect_rules import decide
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.detect.rules import decide
+    from gather_aggregate.models.loading import load_model
     from gather_aggregate.tasks.taskfile import read_task_file
     from gather_aggregate.zoo import list_zoo
 

@@ -1,6 +1,6 @@
 """Draw random small configurations of every supported family and check each against its reference.
 
-``gather_aggregate.adapters.config_fuzz`` draws them (odd widths, head sizes that are not powers of two, groups from
+``gather_aggregate.testing.fuzz.draws`` draws them (odd widths, head sizes that are not powers of two, groups from
 1 to the head count, conv kernels 1-5, bias toggles, Δ limits, norm epsilons, layouts with any layer kind first,
 last or everywhere, expert counts, μP multipliers, GQA, rotary share and base, prompts of length 1 to 40, batches
 of 1-3) and checks logits, residual hooks, attention patterns and implied attention (``check_case``).  Prints one
@@ -24,15 +24,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from gather_aggregate.adapters.config_fuzz import FAMILIES, draw
-    from gather_aggregate.adapters.config_fuzz_check import (
+    from gather_aggregate.core.errors import UnsupportedModelError
+    from gather_aggregate.testing.fuzz.check import (
         check_case,
         expected_refusals,
         fp32_bound,
         fp32_distances,
         over_limits,
     )
-    from gather_aggregate.errors import UnsupportedModelError
+    from gather_aggregate.testing.fuzz.draws import FAMILIES, draw
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs=2, default=(0, 40), metavar=("FIRST", "END"))

@@ -31,7 +31,7 @@ def distances(suite, hf, toks) -> str:
     """Max abs distance of our fp32 logits (each implementation the suite checks) and HF's from float64."""
     import torch
 
-    from gather_aggregate.adapters.config_fuzz_check import float64_logits
+    from gather_aggregate.testing.fuzz.check import float64_logits
 
     truth = float64_logits(hf, toks)
     model = suite.load(hf)

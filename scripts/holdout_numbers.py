@@ -34,10 +34,10 @@ def numbers(d: Path, n: int = 128, n_pattern: int = 32) -> dict:
     from fixture_tasks import fixture_task  # tests/fixtures
 
     from gather_aggregate import load_model
-    from gather_aggregate.detect import find_ga_heads
-    from gather_aggregate.detect_rules import NAME_MIN
-    from gather_aggregate.interventions import ablation_hooks, make_replacement
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
+    from gather_aggregate.detect.detector import find_ga_heads
+    from gather_aggregate.detect.rules import NAME_MIN
+    from gather_aggregate.interventions.ablation import ablation_hooks, make_replacement
     from gather_aggregate.tasks import evaluate
     from gather_aggregate.tasks.base import collate
 

@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
                         help="the PNG to write (default: %(default)s)")
     out = parser.parse_args(argv).out  # `--help` printed usage; before, it wrote the PNG to a file named --help
 
-    from gather_aggregate.hybridise.shipped import shipped_sweep
+    from gather_aggregate.studies.hybrids.shipped import shipped_sweep
     from gather_aggregate.viz.hybrids import hybrid_kv_curve
     from gather_aggregate.viz.static import to_png
 

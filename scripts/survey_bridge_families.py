@@ -1,6 +1,6 @@
 """Survey the decoder-only families served through TransformerLens' bridge on random small configs.
 
-For each family of the config fuzz (``gather_aggregate.adapters.config_fuzz``) and each seed: the fuzz's own check
+For each family of the config fuzz (``gather_aggregate.testing.fuzz.draws``) and each seed: the fuzz's own check
 against HF (logits, residual stream, patterns and ``hook_z``; ``config_fuzz_check.check_case``), plus what the exact
 scans rely on: a forward resumed at every layer from the residual entering it (twice: the first resumed call learns
 the block's return type) against the full forward, and every attention pattern's rows summing to 1 with nothing
@@ -31,7 +31,7 @@ def sanity(case: Any) -> dict[str, float]:
     """Resumed forwards against the full forward; pattern rows' sums and mass above the diagonal."""
     import torch
 
-    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.models.loading import from_hf_model
 
     model = from_hf_model(case.hf)
     toks = case.tokens
@@ -45,15 +45,15 @@ def sanity(case: Any) -> dict[str, float]:
 
 
 def survey(family: str, seeds: range) -> tuple[dict[str, float], list[str]]:
-    from gather_aggregate.adapters.config_fuzz import draw
-    from gather_aggregate.adapters.config_fuzz_check import (
+    from gather_aggregate.core.errors import UnsupportedModelError
+    from gather_aggregate.testing.fuzz.check import (
         LIMITS,
         check_case,
         expected_refusals,
         fp32_bound,
         over_limits,
     )
-    from gather_aggregate.errors import UnsupportedModelError
+    from gather_aggregate.testing.fuzz.draws import draw
 
     worst: dict[str, float] = {}
     notes: list[str] = []
@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from gather_aggregate.adapters.config_fuzz_decoders import DECODER_HF
+    from gather_aggregate.testing.fuzz.decoder_draws import DECODER_HF
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")

@@ -1,4 +1,4 @@
-"""The exactness table of the transformer families (``gather_aggregate.testing.TINY_FAMILIES``) against HF.
+"""The exactness table of the transformer families (``gather_aggregate.testing.tiny_models.TINY_FAMILIES``) against HF.
 
 For each family, a tiny random fp32 model built with HF's default attention is hooked with ``from_hf_model`` and
 compared with the same weights in an eager HF model: max abs differences of (a) logits, (b) per-head patterns, (c)
@@ -20,12 +20,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main() -> None:
     import torch
 
-    from gather_aggregate import from_hf_model, layer_resume
-    from gather_aggregate.interventions import run_ablated
-    from gather_aggregate.patching import patch_heads
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
-    from gather_aggregate.testing import (
+    from gather_aggregate import from_hf_model
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.interventions import layer_resume
+    from gather_aggregate.interventions.ablation import run_ablated
+    from gather_aggregate.scan.exact import exact_scan
+    from gather_aggregate.scan.patching import patch_heads
+    from gather_aggregate.testing.tiny_models import (
         TINY_FAMILIES,
         bpe_tokenizer,
         hf_head_inputs,

@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
-    from gather_aggregate.testing import save_model_dir, tiny_llama
+    from gather_aggregate.testing.tiny_models import save_model_dir, tiny_llama
 
     hf, tok = tiny_llama()
     return save_model_dir(hf, tok, tmp_path_factory.mktemp("tiny_llama"))
@@ -26,7 +26,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory):
-    from gather_aggregate.testing import save_model_dir, tiny_gpt2
+    from gather_aggregate.testing.tiny_models import save_model_dir, tiny_gpt2
 
     hf, tok = tiny_gpt2()
     return save_model_dir(hf, tok, tmp_path_factory.mktemp("tiny_gpt2"))

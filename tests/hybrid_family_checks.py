@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 import torch
 
-from gather_aggregate.errors import CheckpointError
-from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.core.errors import CheckpointError
+from gather_aggregate.core.protocol import count_hooks, param_checksum
 
 if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.adapters.hybrid import HookedHybrid
@@ -65,7 +65,7 @@ def save_and_load(make_hf: Callable[..., Any], seed: int, tmp_dir: Path, **overr
     Returns ``(world, tokenizer, hf, model, directory)``.
     """
     from gather_aggregate import load_model
-    from gather_aggregate.testing import save_model_dir
+    from gather_aggregate.testing.tiny_models import save_model_dir
     from gather_aggregate.training.vocab import build_tokenizer, make_world
 
     world = make_world(seed=0)
@@ -90,8 +90,8 @@ def check_scan_and_detector(saved: tuple, n_layers: int, n_scores: int, scan_hea
     """The exact scan equals the naive one on heads ``scan_heads`` of every layer, each row of the scan and of the
     pattern scores carrying its head's kind; the detector runs on both kinds; the model comes back unchanged and
     hook-free. Returns the model."""
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.detect.detector import find_ga_heads, pattern_scores
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
     from gather_aggregate.tasks.kv import KVRetrieval
 
     world, tok, _, model, _ = saved

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from gather_aggregate.scan import exact_scan, naive_scan
+from gather_aggregate.scan.exact import exact_scan, naive_scan
 
 
 def check_last_row_patterns(model: Any, tokens: torch.Tensor, *, atol: float, rtol: float) -> None:

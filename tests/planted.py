@@ -29,7 +29,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
+from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin, gather_rows, resolve_rows
 
 
 class HookedPatterns:

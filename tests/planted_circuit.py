@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from gather_aggregate.protocol import LayerInfo, ProtocolMixin
+from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin
 
 DISTRACTORS = ("prev", "uniform", "sink", "self", "first_line")
 

@@ -74,7 +74,7 @@ def examples(cfg: dict[str, Any], w: Any, tok: Any) -> list[Any]:
 def run(cfg: dict[str, Any], w: Any = None, tok: Any = None) -> dict[str, Any]:
     from planted_circuit import build
 
-    from gather_aggregate.detect_rules import decide
+    from gather_aggregate.detect.rules import decide
 
     if w is None:
         w, tok = world()
@@ -96,8 +96,8 @@ def main() -> int:
 
     torch.set_num_threads(1)
     if "--without-selectivity" in sys.argv:
-        import gather_aggregate.detect_evidence as evidence
-        import gather_aggregate.detect_rules as rules
+        import gather_aggregate.detect.pattern_evidence as evidence
+        import gather_aggregate.detect.rules as rules
 
         def hit_and_lift(row: dict[str, Any]) -> bool:
             return (row["aggregate_beats_wrong"] >= evidence.AGGREGATE_MIN_HIT

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gather_aggregate.adapters import SSM_MODEL_TYPES, is_mamba_ssm_dir, load_ssm
-from gather_aggregate.adapters.testing import hf_logits, tiny_hf_ssm
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
-from gather_aggregate.protocol import param_checksum
+from gather_aggregate.core.errors import CheckpointError, InputError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.core.protocol import param_checksum
+from gather_aggregate.testing.tiny_ssm import hf_logits, tiny_hf_ssm
 
 TOL = 1e-4
 
@@ -55,7 +55,7 @@ def test_in_memory_model_is_copied_not_modified():
 
 def test_load_model_dispatches_to_adapters(tmp_path):
     from gather_aggregate import load_model
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     tok = bpe_tokenizer()
     hf = tiny_hf_ssm("mamba2", seed=6, vocab_size=len(tok))

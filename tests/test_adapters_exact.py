@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gather_aggregate.adapters import load_ssm
-from gather_aggregate.adapters.testing import hf_logits, tiny_hf_ssm
+from gather_aggregate.testing.tiny_ssm import hf_logits, tiny_hf_ssm
 
 TOL = 1e-4
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

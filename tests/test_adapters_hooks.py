@@ -9,9 +9,9 @@ import torch
 from transformer_lens.ActivationCache import ActivationCache
 
 from gather_aggregate.adapters import load_ssm
-from gather_aggregate.adapters.testing import hf_logits, tiny_hf_ssm
-from gather_aggregate.errors import InputError, NonFiniteError
-from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.core.errors import InputError, NonFiniteError
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.testing.tiny_ssm import hf_logits, tiny_hf_ssm
 
 FAMILIES = ["mamba", "falcon_mamba", "mamba2"]
 

@@ -11,8 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gather_aggregate.adapters import fastpath
-from gather_aggregate.adapters.scan import mamba1_scan, mamba1_scan_ref, mamba2_scan, mamba2_scan_ref, segsum
-from gather_aggregate.errors import InputError
+from gather_aggregate.adapters.selective_scan import (
+    mamba1_scan,
+    mamba1_scan_ref,
+    mamba2_scan,
+    mamba2_scan_ref,
+    segsum,
+)
+from gather_aggregate.core.errors import InputError
 
 REL = 1e-5
 

@@ -1,11 +1,11 @@
-"""The package's shape, checked from its source: no import cycle, imports point one way, no module over 500 lines.
+"""The package's shape, checked from its source: the folders are the layers, imports point one way, no cycle, no
+module over 500 lines, no test bed in the library.
 
-Every ``import`` counts, at module level or inside a function (a lazy import
-is still a dependency), except those under ``if TYPE_CHECKING:``.  A name taken
-from a lazy package facade (``from gather_aggregate import load_model``) counts
-as an import of the module its ``_LAZY`` table names.  The layers are written
-out below and in ``docs/architecture.md``; a module may import its own layer and
-the layers before it, never a later one.
+Every ``import`` counts: at module level, inside a function (a lazy import is still a dependency) and under
+``if TYPE_CHECKING:`` (a type is a dependency too).  A name taken from a lazy facade (``from gather_aggregate
+import load_model``) counts as an import of the module its ``_LAZY`` table names.  The layers are the packages
+below ``gather_aggregate``, in the order of ``LAYERS`` (and of ``docs/architecture.md``); a module may import its
+own layer and the layers before it, never a later one.
 """
 
 from __future__ import annotations
@@ -18,20 +18,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
 
-#: The layers, in import order: a module may import modules of its own layer or an earlier one.
-#: Names are module paths below ``gather_aggregate`` (a package name covers every module in it).
+#: The layers, in import order: each is one package below ``gather_aggregate`` (``adapters`` is the top-level
+#: folder installed as ``gather_aggregate.adapters``), except the models layer, which holds the shipped zoo too, and
+#: the studies layer, which holds the zoo's training.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core": ("_lazy", "errors", "checks", "indices", "io", "session", "hook_checks", "protocol", "readout", "metrics"),
-    "tasks/models": ("tasks", "adapters", "loading", "loading_checks", "loading_stream", "support", "bridge_mla", "bridge", "zoo", "testing", "hybridise.config",
-                     "hybridise.layers", "hybridise.model", "hybridise.build", "hybridise.memory"),
-    "interventions": ("interventions", "layer_resume", "distributed"),
-    "analysis": ("rankings", "scan_result", "scan", "patching", "attribution_paths", "attribution_star", "attribution_coreset", "attribution", "detect",
-                 "detect_evidence", "detect_causal", "detect_conv", "detect_rules", "experiments", "claims", "hybridise.choose",
-                 "hybridise.distill", "hybridise.graft"),
-    "report/CLI": ("viz", "report", "report_builder", "workflows", "cli", "demo", "demo_zoo", "demo_report", "demo_hybrids",
-                   "training",
-                   "hybridise", "lm_eval"),  # the rest of hybridise: its facade, experiment.py, graft_experiment.py, ...
+    "core": ("core",),
+    "tasks": ("tasks",),
+    "adapters": ("adapters",),
+    "models": ("models", "zoo"),
+    "interventions": ("interventions",),
+    "scan": ("scan",),
+    "attribution": ("attribution",),
+    "detect": ("detect",),
+    "studies": ("studies", "training"),
+    "viz": ("viz",),
+    "report": ("report",),
+    "lm_eval": ("lm_eval",),
+    "cli": ("cli",),
+    "testing": ("testing",),  # test beds: the library never imports them (below)
 }
+#: The modules at the top of the package: the package itself and the public paths kept for names users import
+#: (``from gather_aggregate.errors import InputError``).  Each is a lazy facade: a ``_LAZY`` table and nothing else.
+FACADES = ("gather_aggregate", "gather_aggregate.errors", "gather_aggregate.metrics", "gather_aggregate.protocol",
+           "gather_aggregate.claims", "gather_aggregate.experiments", "gather_aggregate.hybridise")
+#: Library modules that may import ``testing``: the demo's quickstart builds a tiny random Llama when no zoo is there.
+TESTING_IMPORTERS = ("gather_aggregate.cli.demo",)
+MAX_TOP_LEVEL_MODULES = 12
 
 
 def _module_files() -> dict[str, Path]:
@@ -50,15 +62,6 @@ def _module_files() -> dict[str, Path]:
 MODULES = _module_files()
 
 
-def _type_checking_lines(tree: ast.Module) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for sub in node.body:
-                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
-    return lines
-
-
 def _lazy_table(tree: ast.Module) -> dict[str, str]:
     """A facade's ``_LAZY = {"name": "module", ...}``."""
     for node in tree.body:
@@ -70,11 +73,13 @@ def _lazy_table(tree: ast.Module) -> dict[str, str]:
 
 
 TREES = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in MODULES.items()}
-LAZY = {name: _lazy_table(tree) for name, tree in TREES.items() if MODULES[name].name == "__init__.py"}
+LAZY = {name: table for name, tree in TREES.items() if (table := _lazy_table(tree))}
 
 
 def _resolve(package: str, name: str) -> str | None:
     """The project module that ``from package import name`` depends on, if any."""
+    if name == "__version__":
+        return None  # the package's version string: metadata, not a dependency on the facade
     if f"{package}.{name}" in MODULES:
         return f"{package}.{name}"
     if name in LAZY.get(package, {}):
@@ -84,12 +89,9 @@ def _resolve(package: str, name: str) -> str | None:
 
 def imports_of(module: str) -> set[str]:
     tree, path = TREES[module], MODULES[module]
-    skip = _type_checking_lines(tree)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     deps: set[str] = set()
     for node in ast.walk(tree):
-        if getattr(node, "lineno", 0) in skip:
-            continue
         if isinstance(node, ast.Import):
             deps.update(a.name for a in node.names if a.name in MODULES)
         elif isinstance(node, ast.ImportFrom):
@@ -112,10 +114,8 @@ def layer_of(module: str) -> str | None:
     rel = module.removeprefix("gather_aggregate").lstrip(".")
     if not rel:
         return None  # the lazy facade: its names resolve to their modules
-    for layer, names in LAYERS.items():
-        if any(rel == n or rel.startswith(n + ".") for n in names):
-            return layer
-    return None
+    top = rel.split(".")[0]
+    return next((layer for layer, packages in LAYERS.items() if top in packages), None)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -145,8 +145,37 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_every_module_has_a_layer():
-    assert [m for m in MODULES if m != "gather_aggregate" and layer_of(m) is None] == []
+def test_every_module_has_a_layer_or_is_a_top_level_facade():
+    assert [m for m in MODULES if m not in FACADES and layer_of(m) is None] == []
+
+
+def test_the_top_level_holds_only_facades_and_few_of_them():
+    top = sorted(p.stem for p in (ROOT / "gather_aggregate").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    assert sorted(m for m in MODULES if MODULES[m].parent == ROOT / "gather_aggregate") == sorted(FACADES)
+    for facade in FACADES:  # a docstring, imports of the lazy machinery, the table and its __all__/__getattr__
+        assert facade in LAZY, f"{facade} has no _LAZY table"
+        defs = [n for n in TREES[facade].body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert defs == [], f"{facade} defines code; it only maps public names to their modules"
+
+
+def test_the_library_imports_no_facade_and_no_test_bed():
+    """Inside the library a name is imported from its home, never through a public facade (that would hide the
+    layer it comes from); and ``testing/`` is for tests, benchmarks, scripts and the demo only."""
+    library = [m for m in MODULES if m not in FACADES and layer_of(m) != "testing"]
+    through_facade = [f"{m} imports {d}" for m in library for d in GRAPH[m] if d in FACADES]
+    assert through_facade == []
+    beds = [f"{m} imports {d}" for m in library for d in GRAPH[m]
+            if layer_of(d) == "testing" and m not in TESTING_IMPORTERS]
+    assert beds == []
+
+
+def test_no_test_bed_outside_testing():
+    """Tiny models, config draws and real-width beds live in ``gather_aggregate/testing/`` alone."""
+    names = ("testing", "fuzz", "realwidth", "tiny_", "ablation_check")
+    stray = [str(p.relative_to(ROOT)) for folder in ("gather_aggregate", "adapters") for p in (ROOT / folder).rglob("*.py")
+             if any(n in p.stem for n in names) and "testing" not in p.relative_to(ROOT).parts]
+    assert stray == []
 
 
 def test_no_import_cycle():
@@ -158,7 +187,8 @@ def test_imports_point_one_way():
     order = list(LAYERS)
     wrong = [f"{m} ({layer_of(m)}) imports {d} ({layer_of(d)})" for m, deps in sorted(GRAPH.items())
              for d in sorted(deps) if layer_of(m) and layer_of(d)
-             and order.index(layer_of(d)) > order.index(layer_of(m))]
+             and order.index(layer_of(d)) > order.index(layer_of(m))
+             and not (m in TESTING_IMPORTERS and layer_of(d) == "testing")]
     assert wrong == []
 
 
@@ -172,12 +202,13 @@ def test_checker_sees_cycles_and_wrong_directions():
     """The checks above are not vacuous: a planted cycle and an analysis -> CLI import are caught."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert layer_of("gather_aggregate.detect") == "analysis"
-    assert layer_of("gather_aggregate.workflows") == "report/CLI"
-    assert layer_of("gather_aggregate.adapters.model") == "tasks/models"
+    assert layer_of("gather_aggregate.detect.detector") == "detect"
+    assert layer_of("gather_aggregate.cli.commands") == "cli"
+    assert layer_of("gather_aggregate.adapters.model") == "adapters"
+    assert layer_of("gather_aggregate.zoo") == "models"
     # lazy (function-level) imports and facade names count: the loader is reached through both
-    assert "gather_aggregate.adapters.convert" in GRAPH["gather_aggregate.loading"]
-    assert _resolve("gather_aggregate", "load_model") == "gather_aggregate.loading"
+    assert "gather_aggregate.adapters.convert" in GRAPH["gather_aggregate.models.loading"]
+    assert _resolve("gather_aggregate", "load_model") == "gather_aggregate.models.loading"
 
 
 def test_one_list_of_model_types_and_the_docs_table_agrees():
@@ -188,7 +219,7 @@ def test_one_list_of_model_types_and_the_docs_table_agrees():
     from gather_aggregate import adapters
     from gather_aggregate.adapters.config import FAMILY_OF_MODEL_TYPE
     from gather_aggregate.adapters.families import HYBRID_FAMILIES
-    from gather_aggregate.loading import ssm_model_types
+    from gather_aggregate.models.loading import ssm_model_types
 
     assert ssm_model_types() == (*FAMILY_OF_MODEL_TYPE, *HYBRID_FAMILIES)
     assert (adapters.SSM_MODEL_TYPES, adapters.HYBRID_MODEL_TYPES) == (tuple(FAMILY_OF_MODEL_TYPE),

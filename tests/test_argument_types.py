@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.errors import GAError
+from gather_aggregate.core.errors import GAError
 
 BAD_MODELS = {"a path": "gather_aggregate/zoo/llama-kv", "None": None, "an HF model": "hf"}
 
@@ -18,7 +18,7 @@ BAD_MODELS = {"a path": "gather_aggregate/zoo/llama-kv", "None": None, "an HF mo
 @pytest.fixture(scope="module")
 def world():
     from gather_aggregate import load_model
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
     from gather_aggregate.tasks import task_metric
     from gather_aggregate.tasks.registry import get_task
     from gather_aggregate.zoo import list_zoo
@@ -35,7 +35,8 @@ def world():
 
 def _calls(world):
     """name -> (function, args, kwargs): valid calls, each run once to prove it works."""
-    from gather_aggregate import attribution, detect, experiments, interventions, patching, rankings, scan
+    from gather_aggregate import attribution, detect, experiments, interventions, scan
+    from gather_aggregate.scan import patching, rankings
     from gather_aggregate.tasks import evaluate, task_metric
 
     model, ex, toks, met, res = world
@@ -125,8 +126,8 @@ def test_a_wrong_argument_is_one_line_of_our_errors(world, name, where, values):
 def test_negative_heads_count_from_the_end_like_negative_layers(world):
     """A negative head is read as Python reads it, as a negative layer already was: ``(-1, -1)`` is the last head
     of the last layer, everywhere a head set is taken."""
-    from gather_aggregate.interventions import run_ablated
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.interventions.ablation import run_ablated
+    from gather_aggregate.scan.exact import exact_scan
 
     model, _, toks, met, _ = world
     last_layer, last_head = model.n_layers - 1, model.layers[-1].n_heads - 1

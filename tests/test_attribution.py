@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate import errors
-from gather_aggregate.attribution import attribution_scan
-from gather_aggregate.attribution_paths import _targets
-from gather_aggregate.attribution_star import graddrop_terms, pattern_from_resid, pattern_vjp
-from gather_aggregate.interventions import group_by_layer, head_outputs, make_replacement
-from gather_aggregate.protocol import count_hooks, param_checksum
-from gather_aggregate.scan import atp_scan, exact_scan
+from gather_aggregate.attribution.atp_star import graddrop_terms, pattern_from_resid, pattern_vjp
+from gather_aggregate.attribution.estimators import attribution_scan
+from gather_aggregate.attribution.paths import _targets
+from gather_aggregate.core import errors
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.interventions.ablation import group_by_layer, head_outputs, make_replacement
+from gather_aggregate.scan.exact import atp_scan, exact_scan
 
 
 def _setup(model, seed=0, batch=4, n_pos=12):
@@ -28,7 +28,7 @@ def _setup(model, seed=0, batch=4, n_pos=12):
 @pytest.fixture(scope="module")
 def llama():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(num_hidden_layers=3, seed=2)
     model = from_hf_model(hf, tok)
@@ -72,7 +72,7 @@ def test_integrated_gradients_on_one_head_converges_to_its_exact_effect(which, r
 
 def test_integrated_gradients_is_complete_over_the_scanned_heads(llama):
     """Σ_h IG(h) = M(clean) - M(all scanned heads ablated together), up to the quadrature error."""
-    from gather_aggregate.interventions import run_ablated
+    from gather_aggregate.interventions.ablation import run_ablated
 
     model, tokens, metric = llama
     heads = [(0, 1), (1, 2), (2, 0)]
@@ -189,7 +189,7 @@ def test_wrong_metric_types_and_arguments_are_clear_errors(llama):
 def test_cli_scan_modes_write_the_table(mode, tiny_llama_dir, tmp_path):
     import json
 
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
 
     args = ["scan", "--model", str(tiny_llama_dir), "--task", "kv", "--n", "4", "--dict-size", "4",
             "--out", str(tmp_path), "--mode", mode]

@@ -8,12 +8,12 @@ import itertools
 import pytest
 import torch
 
-from gather_aggregate import errors
-from gather_aggregate.attribution import attribution_scan
-from gather_aggregate.attribution_coreset import choose_prompts, nnls
-from gather_aggregate.protocol import count_hooks, param_checksum
-from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan import exact_scan
+from gather_aggregate.attribution.coreset import choose_prompts, nnls
+from gather_aggregate.attribution.estimators import attribution_scan
+from gather_aggregate.core import errors
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.scan.exact import exact_scan
 
 
 def _brute_nnls(A, b):
@@ -55,7 +55,7 @@ def test_choosing_every_prompt_weights_each_by_one_over_n():
 @pytest.fixture(scope="module")
 def setup():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(num_hidden_layers=3, seed=5)
     model = from_hf_model(hf, tok)

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate import errors
-from gather_aggregate.attribution import attribution_scan
-from gather_aggregate.attribution_paths import readout_tokens
-from gather_aggregate.interventions import make_replacement
-from gather_aggregate.protocol import count_hooks, param_checksum
-from gather_aggregate.readout import ReadoutMetric
+from gather_aggregate.attribution.estimators import attribution_scan
+from gather_aggregate.attribution.paths import readout_tokens
+from gather_aggregate.core import errors
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.interventions.ablation import make_replacement
 
 
 def _model(which: str):
     from gather_aggregate import from_hf_model
 
     if which == "llama":
-        from gather_aggregate.testing import tiny_llama
+        from gather_aggregate.testing.tiny_models import tiny_llama
 
         hf, tok = tiny_llama(num_hidden_layers=3, seed=5)
         return from_hf_model(hf, tok)
@@ -125,7 +125,7 @@ def _pattern_term_oracle(model, tokens, metric, head, toks, qk_layers=None):
     """Per readout slot: ``Σ_l D_{A_l}ℓ[A_l(r_l + Δr_h) - A_l(r_l) - J_{A_l} Δr_h]``, each directional derivative by
     forward mode: of the readout logits with layer ``l``'s pattern moved along the direction (everything else
     clean), and of the pattern along ``Δr_h``."""
-    from gather_aggregate.attribution_star import pattern_from_resid
+    from gather_aggregate.attribution.atp_star import pattern_from_resid
 
     layer, h = head
     name, axis = model.head_hook(layer)

@@ -16,7 +16,7 @@ import torch
 from error_checks import one_line as _one_line
 
 from gather_aggregate import load_model
-from gather_aggregate.errors import (
+from gather_aggregate.core.errors import (
     CheckpointError,
     ContextLengthError,
     GAError,
@@ -24,9 +24,9 @@ from gather_aggregate.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from gather_aggregate.interventions import resample_index
-from gather_aggregate.patching import patch_heads
-from gather_aggregate.scan import atp_scan, exact_scan, naive_scan
+from gather_aggregate.interventions.ablation import resample_index
+from gather_aggregate.scan.exact import atp_scan, exact_scan, naive_scan
+from gather_aggregate.scan.patching import patch_heads
 from gather_aggregate.zoo import list_zoo
 
 
@@ -91,8 +91,8 @@ def test_configs_that_do_not_match_their_weights_or_are_inconsistent(tmp_path, t
 
 def test_options_and_tokenizers_are_checked_before_loading(tiny_llama_dir, tmp_path):
     from gather_aggregate import from_hf_model
-    from gather_aggregate.errors import TokenizerMissingError
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.core.errors import TokenizerMissingError
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     with pytest.raises(InputError, match=r"unknown option\(s\) \['hed_size'\].*head_size, max_memory"):
         load_model(tiny_llama_dir, hed_size=2)
@@ -198,9 +198,9 @@ def test_metric_of_the_wrong_type_in_every_scan(llama_model, bad, needle):
 
 
 def test_scan_options_resume_files_and_scan_tables(llama_model, tmp_path):
-    from gather_aggregate.errors import ResumeMismatchError
-    from gather_aggregate.protocol import count_hooks
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.core.errors import ResumeMismatchError
+    from gather_aggregate.core.protocol import count_hooks
+    from gather_aggregate.scan.exact import ScanResult
 
     tokens = torch.randint(0, 50, (2, 6))
     for bad, needle in ((0, "max_rows=0: pass a positive"), (-4, "max_rows=-4"), (2.5, "max_rows must be an integer")):
@@ -227,8 +227,8 @@ def test_scan_options_resume_files_and_scan_tables(llama_model, tmp_path):
 
 
 def test_hook_names_start_layers_and_detector_arguments(llama_model):
-    from gather_aggregate.detect import find_ga_heads
-    from gather_aggregate.protocol import count_hooks, param_checksum
+    from gather_aggregate.core.protocol import count_hooks, param_checksum
+    from gather_aggregate.detect.detector import find_ga_heads
     from gather_aggregate.tasks import evaluate, get_task
 
     before = param_checksum(llama_model)
@@ -254,8 +254,8 @@ def test_run_with_hooks_and_hooks_refuse_unknown_hook_names_on_every_kind_of_mod
     """TransformerLens raises a bare ``KeyError`` for a hook name the model lacks; the hooked models (bridge and our
     SSMs) say which names to use, in ``run_with_hooks`` and ``hooks`` alike; a name filter still passes."""
     from gather_aggregate.adapters import load_ssm
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
-    from gather_aggregate.protocol import count_hooks
+    from gather_aggregate.core.protocol import count_hooks
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     for model in (llama_model, load_ssm(tiny_hf_ssm("mamba2", seed=0))):
         toks = torch.randint(0, 50, (1, 5))
@@ -318,7 +318,7 @@ def test_prompt_longer_than_a_hybrids_positions():
 
 
 def test_print_gaheads_is_a_short_summary():
-    from gather_aggregate.detect import GAHeads
+    from gather_aggregate.detect.detector import GAHeads
 
     table = [{"layer": la, "head": h, "gather": 0.1, "aggregate": 0.2} for la in range(4) for h in range(8)]
     ga = GAHeads(table, gather=[(0, 2)], aggregate=[(1, 0), (1, 3)], pairs=[((0, 2), (1, 0))],
@@ -333,10 +333,10 @@ def test_resample_hooks_give_each_prompt_another_prompts_outputs_in_any_batching
     """``ablate --ablation resample`` (remove_only): every prompt takes the head outputs of another prompt of the
     set (a derangement), however the evaluator batches them; before, batches reused the reference rows modulo
     and a prompt could get its own outputs back."""
-    from gather_aggregate.claims import task_sets
-    from gather_aggregate.experiments import remove_only
-    from gather_aggregate.interventions import head_outputs, resample_hooks
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
+    from gather_aggregate.interventions.ablation import head_outputs, resample_hooks
+    from gather_aggregate.studies.ablation_tables import remove_only
+    from gather_aggregate.studies.claims import task_sets
     from gather_aggregate.tasks import evaluate
     from gather_aggregate.tasks.base import collate
 
@@ -396,7 +396,7 @@ def test_examples_with_bad_fields_or_another_tokenizer(llama_model):
     another tokenizer whose ids fit the vocabulary were read as other words (a silent wrong accuracy)."""
     import dataclasses
 
-    from gather_aggregate.errors import TaskError
+    from gather_aggregate.core.errors import TaskError
     from gather_aggregate.tasks import evaluate, task_metric
     from gather_aggregate.tasks.base import PromptSpec, annotate
     from gather_aggregate.tasks.registry import get_task
@@ -422,7 +422,7 @@ def test_examples_with_bad_fields_or_another_tokenizer(llama_model):
     with pytest.raises(InputError, match="example 0 was tokenised by another tokenizer than the model's"):
         evaluate(zoo_model, ex, progress=False)
     zoo_ex = get_task("kv", model_dir=path, n_pairs=2).examples(zoo_model.tokenizer, 2)
-    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.detect.detector import find_ga_heads
 
     for call in (evaluate, task_metric, find_ga_heads):
         with pytest.raises(InputError, match="build the examples with this model's tokenizer"):
@@ -431,8 +431,8 @@ def test_examples_with_bad_fields_or_another_tokenizer(llama_model):
 
 
 def test_scan_files_that_are_not_text_and_outputs_under_a_file(llama_model, tmp_path):
-    from gather_aggregate.errors import ResumeMismatchError
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.core.errors import ResumeMismatchError
+    from gather_aggregate.scan.exact import ScanResult
 
     tokens = torch.randint(0, 50, (2, 6))
     out = tmp_path / "scan.json"
@@ -446,7 +446,7 @@ def test_scan_files_that_are_not_text_and_outputs_under_a_file(llama_model, tmp_
 
 
 def test_scan_scores_by_name_and_reports_of_scans(llama_model, tmp_path):
-    from gather_aggregate.report import write_report
+    from gather_aggregate.report.html import write_report
 
     scan = exact_scan(llama_model, torch.randint(0, 50, (2, 6)), _metric, heads=[(1, 0), (1, 2)], progress=False)
     assert scan.score("L1H2") == scan.score((1, 2)) == scan.score(torch.tensor(1), 2) == scan.scores()[(1, 2)]
@@ -462,7 +462,7 @@ def test_scan_scores_by_name_and_reports_of_scans(llama_model, tmp_path):
 def test_cli_names_no_model_results_file_and_training_counts(tmp_path, capsys):
     """``demo --model ,,`` was a StopIteration; ``report --results FILE`` said the file did not exist; ``zoo
     train --steps -1`` trained nothing and saved the untrained model."""
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
 
     (tmp_path / "scan.json").write_text("{}")
     for argv, needle in ((["demo", "--model", ",,", "--out", str(tmp_path / "d")], "names no model"),

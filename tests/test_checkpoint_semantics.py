@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM
 
 from gather_aggregate import load_model
 from gather_aggregate.adapters import load_ssm
-from gather_aggregate.adapters.hybrid_testing import tiny_hf_hybrid
 from gather_aggregate.adapters.streaming import Checkpoint
-from gather_aggregate.adapters.testing import tiny_hf_ssm
-from gather_aggregate.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.core.errors import CheckpointError, InputError, ModelLoadError
+from gather_aggregate.testing.tiny_hybrids import tiny_hf_hybrid
+from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
 TOL = 1e-4
 TOKENS = torch.tensor([[1, 5, 9, 3, 7, 2, 8, 4, 6, 11, 13, 17]])
@@ -307,9 +307,9 @@ def test_device_map_keeps_each_block_and_zamba2_shared_blocks_whole():
     """Plans are checked before anything is read: a block (with Zamba2's shared weights it uses) on one device."""
     from gather_aggregate.adapters.families.zamba2 import HookedZamba2
     from gather_aggregate.adapters.hybrid_convert import hybrid_config_from_hf
-    from gather_aggregate.adapters.hybrid_testing import hf_hybrid_config
     from gather_aggregate.adapters.placement import plan
     from gather_aggregate.adapters.streaming import meta_init
+    from gather_aggregate.testing.tiny_hybrids import hf_hybrid_config
 
     with meta_init():
         model = HookedZamba2(hybrid_config_from_hf(hf_hybrid_config("zamba2")))
@@ -346,8 +346,8 @@ def test_resumed_forwards_refuse_a_model_split_across_devices(tmp_path, kind):
     """A model placed on several devices by device_map runs forwards and patterns, but the scans' resumed forwards
     start from a cached residual outside accelerate's hooks: refused with the fix (here the placement is recorded
     by hand, as a CPU-only machine cannot place one).  The model is not changed by the refusal."""
-    from gather_aggregate.protocol import count_hooks
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.protocol import count_hooks
+    from gather_aggregate.scan.exact import exact_scan
 
     _tiny(kind).save_pretrained(tmp_path)
     model = load_model(tmp_path, tokenizer=False)
@@ -367,7 +367,7 @@ def test_resumed_forwards_refuse_a_model_split_across_devices(tmp_path, kind):
 def _sharded(kind, d):
     """A tiny checkpoint of ``kind`` in at least two safetensors shards (+ index), as its real one ships."""
     if kind == "llamba":  # Cartesia's layout, split into two shards by hand (no HF class writes it)
-        from gather_aggregate.adapters.llamba_testing import llamba_raw_config, random_llamba_state_dict
+        from gather_aggregate.testing.llamba_checkpoints import llamba_raw_config, random_llamba_state_dict
 
         raw = llamba_raw_config()
         sd = random_llamba_state_dict(raw, 0)
@@ -381,7 +381,7 @@ def _sharded(kind, d):
         index = {"metadata": {}, "weight_map": {k: f for f, ks in halves.items() for k in ks}}
         (d / "model.safetensors.index.json").write_text(json.dumps(index))
         return d
-    from gather_aggregate.adapters import families_testing as ft
+    from gather_aggregate.testing import tiny_families as ft
 
     hf = {"nemotron_h": ft.tiny_hf_nemotron_h, "qwen3_next": ft.tiny_hf_qwen3_next,
           "granitemoehybrid": ft.tiny_hf_granite}[kind](seed=1)

@@ -1,9 +1,9 @@
-"""The claims driver's detector row (``gather_aggregate.claims._named_heads``) says what the detector named,
+"""The claims driver's detector row (``gather_aggregate.studies.claims._named_heads``) says what the detector named,
 including a Gather carried by an SSM layer's short convolution, and marks a model at chance as such."""
 
 from __future__ import annotations
 
-from gather_aggregate.claims import _named_heads
+from gather_aggregate.studies.claims import _named_heads
 
 
 def _summary(**kw):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gather_aggregate.cli import main
+from gather_aggregate.cli.parser import main
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def _cli(*argv, env_extra=None):
     env = {k: v for k, v in os.environ.items()  # an in-process main() above set the quiet defaults
            if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
     env = {**env, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "gather_aggregate.cli", *argv], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "gather_aggregate.cli.parser", *argv], capture_output=True, text=True, env=env)
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -176,9 +176,9 @@ def test_option_values_are_checked_before_any_model_loads(argv, needle):
 
 
 def test_each_subcommand_lists_only_its_own_options():
-    import gather_aggregate.cli as cli
-    from gather_aggregate.attribution import ESTIMATORS
-    from gather_aggregate.cli import build_parser
+    import gather_aggregate.cli.parser as cli
+    from gather_aggregate.attribution.estimators import ESTIMATORS
+    from gather_aggregate.cli.parser import build_parser
     from gather_aggregate.tasks.registry import TASK_NAMES
     from gather_aggregate.training.train_args import ARCHS
 

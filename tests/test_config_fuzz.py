@@ -1,6 +1,6 @@
 """Configurations nobody hand-picked: random small models of every supported family against their references.
 
-``gather_aggregate.adapters.config_fuzz`` draws the fields the family tests hold fixed (odd widths, head sizes that
+``gather_aggregate.testing.fuzz.draws`` draws the fields the family tests hold fixed (odd widths, head sizes that
 are not powers of two, ``n_groups`` up to the head count, conv kernels 1-5, bias toggles, Δ limits, norm epsilons,
 layouts with attention or an MLP first, last or everywhere, expert counts and top-k, μP multipliers, GQA, rotary
 share and base, sliding windows shorter than the prompt, parallel or sequential blocks, qk-norm, OPT's embedding
@@ -20,10 +20,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.adapters.config_fuzz import FAMILIES, draw, draw_fields
-from gather_aggregate.adapters.config_fuzz_check import check_case, expected_refusals, fp32_bound, over_limits
-from gather_aggregate.adapters.config_fuzz_decoders import DECODER_HF
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
+from gather_aggregate.testing.fuzz.check import check_case, expected_refusals, fp32_bound, over_limits
+from gather_aggregate.testing.fuzz.decoder_draws import DECODER_HF
+from gather_aggregate.testing.fuzz.draws import FAMILIES, draw, draw_fields
 
 
 def run_case(family: str, seed: int) -> None:
@@ -103,7 +103,7 @@ def test_decoder_configs_the_bridge_gets_wrong_are_refused_in_one_line(family, f
     without multi-query attention (fails inside TL) or score scaling (patterns 3e-2 off HF's), OLMoE's q/k/v
     clipping (fails inside TL at the first forward), Gemma 4's per-layer inputs (a resumed forward fails), Laguna's
     per-layer head counts (patterns 0.68 off)."""
-    from gather_aggregate.adapters.config_fuzz import FuzzCase
+    from gather_aggregate.testing.fuzz.draws import FuzzCase
 
     seed = next(s for s in range(200) if field in expected_refusals(
         FuzzCase(family, s, None, torch.zeros(1, 1), draw_fields(family, s)[2])))
@@ -145,7 +145,7 @@ def test_fp32_bound_holds_the_hooks_to_hfs_jitter_also_where_the_logits_are_over
     """Logits within the fp32 yardstick excuse no head-hook or residual miss beyond twice how far HF's own head
     inputs or hidden states move under the jitter: a hook off by 0.5 is a formula (or placement) difference, not
     rounding."""
-    from gather_aggregate.adapters import config_fuzz_check
+    from gather_aggregate.testing.fuzz import check as config_fuzz_check
 
     case = draw("zamba2", 0)
     d = {"ours": 2e-4, "hf": 3e-4, "hf_jitter": 1e-4, "hf_jitter_heads": 1e-4, "hf_jitter_resid": 1e-4}

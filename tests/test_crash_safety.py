@@ -1,7 +1,7 @@
 """Issue 25: a scan killed at any moment (SIGKILL) leaves result files that parse and agree, and --resume
 finishes them to exactly what an uninterrupted run writes.
 
-The child process runs :func:`gather_aggregate.scan.exact_scan` with ``out=`` and
+The child process runs :func:`gather_aggregate.scan.exact.exact_scan` with ``out=`` and
 ``resume=True``; its ``os.replace`` is wrapped to announce each file replacement
 (before and after it, with a short pause), so the parent can SIGKILL it at chosen
 points: before any write, between a JSON and its CSV twin, mid-run and late.
@@ -27,7 +27,7 @@ CHILD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     from gather_aggregate import load_model
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     real = os.replace
     def announced(a, b):
@@ -89,7 +89,7 @@ def _run_until(model_dir: Path, out: Path, kill_at: int | None) -> tuple[int, li
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_killed_scans_leave_consistent_files_and_resume_exactly(tiny_llama_dir, tmp_path):
     from gather_aggregate import load_model
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     out = tmp_path / "scan.json"
     # events: 1 = ready, then before/after each replace: 2 = the first JSON written to its temporary file but

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from gather_aggregate import errors
-from gather_aggregate.detect import find_ga_heads, pattern_scores
-from gather_aggregate.metrics import row_entropy, sharpness_index, top1_mass
+from gather_aggregate.core import errors
+from gather_aggregate.core.sharpness import row_entropy, sharpness_index, top1_mass
+from gather_aggregate.detect.detector import find_ga_heads, pattern_scores
 
 RULES = [
     ["prev", "gather", "uniform", "first"],          # layer 0: the Gather head is (0, 1)
@@ -75,7 +75,7 @@ def test_gather_read_off_the_segments_best_token(planted):
 
 
 def test_aggregate_reading_prefers_the_summary_unless_a_segment_reading_is_far_stronger():
-    from gather_aggregate.detect import aggregate_reading
+    from gather_aggregate.detect.detector import aggregate_reading
 
     def table(*pairs):
         return [{"aggregate": a, "aggregate_segment": s} for a, s in pairs]
@@ -106,7 +106,7 @@ def _circuit(tiny, **cfg):
 def test_a_lone_gather_head_is_named_beside_a_bigger_unrelated_head(tiny):
     """Failure mode 2: a key-mover costs more than anything when removed, but not at the segments, so it is no
     Gather head, and the lone Gather head is named alone (a group of one), beating random single heads."""
-    from gather_aggregate.protocol import count_hooks, param_checksum
+    from gather_aggregate.core.protocol import count_hooks, param_checksum
 
     model, ex, g, a = _circuit(tiny, heads_per_layer=6, n_agg=2)
     before = param_checksum(model)
@@ -175,7 +175,7 @@ def test_stacked_ablations_equal_one_forward_each(tiny):
     """``Prober.losses`` stacks ablations along the batch and restarts them at their earliest layer; each loss
     equals a plain forward with that ablation alone (``Prober.run``), and a last-layer head ablated at the
     segments costs exactly nothing (its output there never reaches the query's logits)."""
-    from gather_aggregate.detect_causal import Prober
+    from gather_aggregate.detect.causal_evidence import Prober
 
     model, ex, g, a = _circuit(tiny, heads_per_layer=4, depth=3, n_agg=2)
     prober = Prober(model, ex, batch_size=5)
@@ -194,9 +194,9 @@ def test_stacked_ablations_equal_one_forward_each(tiny):
 def test_restarted_ablations_equal_full_forwards_on_zoo_models(name):
     """On a bridged transformer and a hybrid the prober keeps the clean run's layer inputs and restarts each
     ablation at its earliest layer; the losses equal full forwards from the tokens."""
-    from gather_aggregate.claims import task_sets
-    from gather_aggregate.detect_causal import Prober
-    from gather_aggregate.loading import load_model
+    from gather_aggregate.detect.causal_evidence import Prober
+    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.studies.claims import task_sets
     from gather_aggregate.zoo import list_zoo
 
     path = list_zoo().get(name)

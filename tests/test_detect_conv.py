@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from gather_aggregate.adapters import load_ssm
-from gather_aggregate.adapters.testing import tiny_hf_ssm
-from gather_aggregate.detect_evidence import _slot_base
-from gather_aggregate.interventions import conv_current_tap_hooks, short_conv_layers
+from gather_aggregate.detect.pattern_evidence import _slot_base
+from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
+from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -103,7 +103,7 @@ def test_the_conv_of_the_records_ssm_is_its_gather():
     from records import RecordsRetrieval
 
     from gather_aggregate import load_model
-    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.detect.detector import find_ga_heads
 
     d = FIXTURES / "models" / "records-mamba2"
     model = load_model(d)
@@ -118,10 +118,10 @@ def test_the_conv_of_the_records_ssm_is_its_gather():
 
 def _family_model(name, tmp_path):
     from gather_aggregate import load_model
-    from gather_aggregate.adapters import families_testing as ft
-    from gather_aggregate.adapters import hybrid_testing as ht
-    from gather_aggregate.adapters import llamba_testing as lt
     from gather_aggregate.adapters import load_hybrid
+    from gather_aggregate.testing import llamba_checkpoints as lt
+    from gather_aggregate.testing import tiny_families as ft
+    from gather_aggregate.testing import tiny_hybrids as ht
 
     if name in ("bamba", "jamba", "zamba2"):
         return load_hybrid(ht.tiny_hf_hybrid(name, seed=0))
@@ -157,8 +157,8 @@ def test_a_conv_probe_restarted_at_its_layer_equals_the_run_from_the_tokens():
     from records import RecordsRetrieval
 
     from gather_aggregate import load_model
-    from gather_aggregate.detect_causal import Prober
-    from gather_aggregate.detect_conv import conv_positions
+    from gather_aggregate.detect.causal_evidence import Prober
+    from gather_aggregate.detect.conv_gather import conv_positions
 
     d = FIXTURES / "models" / "records-mamba2"
     model = load_model(d)

@@ -25,9 +25,9 @@ def _examples(model, d, n=N):
 def measure(d: Path, n_random: int = 3) -> dict:
     """Named heads, clean / ablated / random-set accuracies and chance on one fixture."""
     from gather_aggregate import load_model
-    from gather_aggregate.detect import find_ga_heads
-    from gather_aggregate.detect_rules import NAME_MIN
-    from gather_aggregate.interventions import ablation_hooks, make_replacement
+    from gather_aggregate.detect.detector import find_ga_heads
+    from gather_aggregate.detect.rules import NAME_MIN
+    from gather_aggregate.interventions.ablation import ablation_hooks, make_replacement
     from gather_aggregate.tasks import evaluate
 
     model = load_model(d)
@@ -62,9 +62,9 @@ def conv_accuracy(model, ex, layers, read, seed=None) -> float | None:
         return None
     import torch
 
-    from gather_aggregate.detect_conv import conv_positions
-    from gather_aggregate.interventions import conv_current_tap_hooks
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
+    from gather_aggregate.detect.conv_gather import conv_positions
+    from gather_aggregate.interventions.ablation import conv_current_tap_hooks
     from gather_aggregate.tasks.base import collate
 
     right = 0

@@ -11,8 +11,8 @@ import warnings
 import pytest
 from planted_formats import Fmt, build, examples, spec_and_truth, world
 
-from gather_aggregate import errors
-from gather_aggregate.detect import find_ga_heads
+from gather_aggregate.core import errors
+from gather_aggregate.detect.detector import find_ga_heads
 
 #: (format, planted model, the read position ``auto`` must find).  Before the read positions were generalised
 #: (a declared summary read as the last token's offset, reads only 0-2 tokens before the end) the four marked
@@ -76,7 +76,7 @@ def test_query_position_before_the_prompts_end(worlds):
 
 def test_padding_in_a_batch_changes_nothing(worlds):
     """Prompts of unequal lengths right-padded together give the decisions and numbers of one prompt per batch."""
-    from gather_aggregate.detect_rules import decide
+    from gather_aggregate.detect.rules import decide
 
     model, ex, g, a = _planted(worlds, Fmt("unequal", filler=(0, 4), val_len=(1, 3)), dict(seed=0))
     one, eight = decide(model, ex, batch_size=1), decide(model, ex, batch_size=8)

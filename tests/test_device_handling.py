@@ -17,7 +17,7 @@ META = torch.device("meta")
 
 # ---- sharpness metrics ------------------------------------------------------------------------------------
 def test_sharpness_index_moves_a_cpu_n_keys_to_the_pattern_device():
-    from gather_aggregate.metrics import sharpness_index
+    from gather_aggregate.core.sharpness import sharpness_index
 
     pattern = torch.rand(2, 3, 5, 7).to(META)
     n_keys = torch.arange(1, 6)  # [query] on the CPU, as a user builds it: was combined with the pattern as is
@@ -27,7 +27,7 @@ def test_sharpness_index_moves_a_cpu_n_keys_to_the_pattern_device():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_sharpness_metrics_of_half_precision_rows_are_measured_in_float32(dtype):
-    from gather_aggregate.metrics import row_entropy, sharpness_index, top1_mass
+    from gather_aggregate.core.sharpness import row_entropy, sharpness_index, top1_mass
 
     g = torch.Generator().manual_seed(0)
     p = torch.rand(4, 300, generator=g).pow(4)
@@ -106,7 +106,7 @@ class _MetaLM(torch.nn.Module):
 
 
 def test_end_to_end_distillation_loss_takes_cpu_tokens_to_the_models_device():
-    from gather_aggregate.hybridise.distill import stage_loss
+    from gather_aggregate.studies.hybrids.distill import stage_loss
 
     tokens = torch.randint(0, 11, (3, 8))  # the zoo's batches come on the CPU
     loss = stage_loss(_MetaLM(), _MetaLM(), tokens, "end_to_end")  # type: ignore[arg-type]
@@ -114,7 +114,7 @@ def test_end_to_end_distillation_loss_takes_cpu_tokens_to_the_models_device():
 
 
 def test_perplexity_takes_cpu_labels_to_the_logits_device(monkeypatch):
-    import gather_aggregate.hybridise.experiment as experiment
+    import gather_aggregate.studies.hybrids.experiment as experiment
 
     seen = []
 
@@ -131,8 +131,8 @@ def test_perplexity_takes_cpu_labels_to_the_logits_device(monkeypatch):
 
 def test_attention_graft_lives_on_the_models_device(monkeypatch):
     from gather_aggregate import from_hf_model
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
-    from gather_aggregate.hybridise.graft import AttentionGraft
+    from gather_aggregate.studies.hybrids.graft import AttentionGraft
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     model = from_hf_model(tiny_hf_ssm("mamba2", seed=3))
     assert {p.device for p in AttentionGraft(model, 0, 1).parameters()} == {torch.device("cpu")}
@@ -144,7 +144,7 @@ def test_attention_graft_lives_on_the_models_device(monkeypatch):
 
 
 def test_graft_answer_loss_takes_cpu_labels_to_the_logits_device(monkeypatch):
-    import gather_aggregate.hybridise.graft as graft_mod
+    import gather_aggregate.studies.hybrids.graft as graft_mod
 
     class _Graft:
         def hooks(self) -> list:
@@ -168,7 +168,7 @@ def test_implied_attention_of_a_bf16_model_reconstructs_its_float32_scan_output(
     implied attention computed from the same hooks reconstructs ``hook_y`` (float32) to float32 precision.
     Mamba-2's ``C·B`` was an einsum of the bf16 hooks, rounded to bf16 before the float32 decay: off by ~1e-3."""
     from gather_aggregate.adapters import load_ssm
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     m = load_ssm(tiny_hf_ssm(model_type, seed=5, stress=True)).to(torch.bfloat16)
     b, L = 2, 24
@@ -194,7 +194,7 @@ def test_a_bf16_transformers_pattern_is_float32_like_the_adapters(tmp_path):
     """TransformerBridge caches a bf16 model's pattern in bf16; ``pattern`` returns float32 on every model kind
     (the SSM adapters' implied attention and hybrid patterns already were), the same rows upcast exactly."""
     from gather_aggregate import load_model
-    from gather_aggregate.testing import save_model_dir, tiny_llama
+    from gather_aggregate.testing.tiny_models import save_model_dir, tiny_llama
 
     hf, tok = tiny_llama()
     model = load_model(save_model_dir(hf, tok, tmp_path), dtype="bf16")

@@ -17,10 +17,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from gather_aggregate import errors  # noqa: E402
-from gather_aggregate.distributed import connect, run_sharded  # noqa: E402
-from gather_aggregate.experiments import ablation_sweep  # noqa: E402
-from gather_aggregate.scan import exact_scan  # noqa: E402
+from gather_aggregate.core import errors  # noqa: E402
+from gather_aggregate.scan.distributed import connect, run_sharded  # noqa: E402
+from gather_aggregate.scan.exact import exact_scan  # noqa: E402
+from gather_aggregate.studies.ablation_tables import ablation_sweep  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_run_sharded_reruns_a_killed_shard_once_and_resumes(cluster, tmp_path):
 
 
 def test_unreachable_cluster_is_a_clear_error(task, tiny_llama_dir, tmp_path, capsys):
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
 
     model, tokens, metric = task
     with pytest.raises(errors.ClusterUnreachableError, match="ray start --head"):
@@ -138,7 +138,7 @@ def test_unreachable_cluster_is_a_clear_error(task, tiny_llama_dir, tmp_path, ca
 
 
 def test_ray_is_imported_lazily():
-    code = "import gather_aggregate.distributed, gather_aggregate.scan, sys; print('ray' in sys.modules)"
+    code = "import gather_aggregate.scan.distributed, gather_aggregate.scan.exact, sys; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent)
     assert out.stdout.strip() == "False"

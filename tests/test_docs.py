@@ -41,18 +41,18 @@ API_PAGES = [*sorted((REPO / "docs").glob("api*.md")), REPO / "docs" / "hybrids.
 PUBLIC = ("gather_aggregate", "gather_aggregate.adapters", "gather_aggregate.tasks", "gather_aggregate.viz",
           "gather_aggregate.hybridise")
 # where a bare name written in the docs may live (documented module paths resolve on their own)
-HOMES = (*PUBLIC, "gather_aggregate.loading", "gather_aggregate.zoo", "gather_aggregate.interventions",
-         "gather_aggregate.readout", "gather_aggregate.scan", "gather_aggregate.attribution", "gather_aggregate.patching",
-         "gather_aggregate.distributed", "gather_aggregate.experiments", "gather_aggregate.detect",
-         "gather_aggregate.metrics", "gather_aggregate.io", "gather_aggregate.errors", "gather_aggregate.report",
-         "gather_aggregate.claims", "gather_aggregate.tasks.base", "gather_aggregate.tasks.registry",
-         "gather_aggregate.tasks.taskfile", "gather_aggregate.adapters.implied", "gather_aggregate.hybridise.choose",
-         "gather_aggregate.hybridise.distill", "gather_aggregate.hybridise.graft", "gather_aggregate.hybridise.shipped",
-         "gather_aggregate.hybridise.experiment", "gather_aggregate.viz.static", "gather_aggregate.viz.tokens",
+HOMES = (*PUBLIC, "gather_aggregate.models.loading", "gather_aggregate.zoo", "gather_aggregate.interventions.ablation",
+         "gather_aggregate.core.readout", "gather_aggregate.scan.exact", "gather_aggregate.attribution.estimators", "gather_aggregate.scan.patching",
+         "gather_aggregate.scan.distributed", "gather_aggregate.studies.ablation_tables", "gather_aggregate.detect.detector",
+         "gather_aggregate.core.sharpness", "gather_aggregate.core.results_io", "gather_aggregate.core.errors", "gather_aggregate.report.html",
+         "gather_aggregate.studies.claims", "gather_aggregate.tasks.base", "gather_aggregate.tasks.registry",
+         "gather_aggregate.tasks.taskfile", "gather_aggregate.adapters.implied", "gather_aggregate.studies.hybrids.choose",
+         "gather_aggregate.studies.hybrids.distill", "gather_aggregate.studies.hybrids.graft", "gather_aggregate.studies.hybrids.shipped",
+         "gather_aggregate.studies.hybrids.experiment", "gather_aggregate.viz.static", "gather_aggregate.viz.tokens",
          "gather_aggregate.viz.circuit", "gather_aggregate.viz.curves", "gather_aggregate.training.vocab",
          "gather_aggregate.training.quick_eval")
 # receivers of documented methods: `model.pattern(...)`, `info.heads_of(...)`
-RECEIVERS = {"model": ("HookedModel", "ProtocolMixin"), "info": ("LayerInfo",)}  # classes of gather_aggregate.protocol
+RECEIVERS = {"model": ("HookedModel", "ProtocolMixin"), "info": ("LayerInfo",)}  # classes of gather_aggregate.core.protocol
 SPAN = re.compile(r"`([^`\n]+)`")
 CALL = re.compile(r"(?:with\s+)?([A-Za-z_][\w.]*)\((.*)\)(?:\s*->.*|:.*)?$")
 
@@ -69,7 +69,7 @@ def _resolve(name: str) -> list:
 
     parts = name.removeprefix("gather_aggregate.").split(".")
     if parts[0] in RECEIVERS and len(parts) == 2:
-        protocol = importlib.import_module("gather_aggregate.protocol")
+        protocol = importlib.import_module("gather_aggregate.core.protocol")
         classes = [getattr(protocol, cls) for cls in RECEIVERS[parts[0]]]
         return [getattr(c, parts[1]) for c in classes if hasattr(c, parts[1])]
     found = []
@@ -194,7 +194,7 @@ def test_files_the_docs_name_exist():
 def test_cli_lines_in_the_docs_use_real_subcommands_and_options():
     import argparse
 
-    from gather_aggregate.cli import build_parser
+    from gather_aggregate.cli.parser import build_parser
 
     def options(p: argparse.ArgumentParser) -> set[str]:
         found = {o for a in p._actions for o in a.option_strings}

@@ -9,9 +9,9 @@ from hybrid_family_checks import HybridFamilySuite, tokens
 
 from gather_aggregate import from_hf_model
 from gather_aggregate.adapters.families.falcon_h1 import HookedFalconH1
-from gather_aggregate.adapters.families_testing import random_falcon_h1_config, tiny_hf_falcon_h1
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import count_hooks
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import count_hooks
+from gather_aggregate.testing.tiny_families import random_falcon_h1_config, tiny_hf_falcon_h1
 
 
 class TestFalconH1(HybridFamilySuite):
@@ -93,7 +93,7 @@ def test_mamba2_heads_agree_with_transformerlens_where_its_formula_holds():
     ``ssm_multipliers``.  With the keys renamed and every SSM multiplier 1, its matrix equals ours."""
     from transformer_lens.model_bridge.generalized_components.ssm_protocol import find_ssm_mixer
 
-    from gather_aggregate.bridge import _build_bridge
+    from gather_aggregate.models.bridge import _build_bridge
 
     hf = tiny_hf_falcon_h1(0, num_hidden_layers=1, ssm_in_multiplier=1.0, ssm_multipliers=[1.0] * 5)
     model = from_hf_model(hf)  # before the bridge, which wraps the HF modules in place

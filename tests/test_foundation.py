@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gather_aggregate import errors, load_model
-from gather_aggregate.protocol import HookedModel, count_hooks, param_checksum
+from gather_aggregate.core.protocol import HookedModel, count_hooks, param_checksum
 
 TEXTS = ["Memorize the following dictionary:\napple:12\nriver:7", "The quick brown fox"]
 
@@ -160,7 +160,7 @@ def test_hooks_removed_after_exception(llama_model):
 
 def test_from_hf_model_does_not_mutate_the_users_model():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(seed=3)
     modules_before = [type(m).__name__ for m in hf.modules()]
@@ -174,7 +174,7 @@ def test_from_hf_model_does_not_mutate_the_users_model():
 def test_from_hf_model_refuses_ssm_options_on_a_transformer(tiny_llama_dir):
     # as load_model does: head_size (Mamba-1 channel groups) on a transformer is refused, not silently dropped
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(seed=3)
     with pytest.raises(errors.UnsupportedModelError, match=r"apply only to SSM/hybrid models, not 'llama'"):
@@ -196,7 +196,7 @@ def test_unsupported_model_type_lists_supported(tmp_path):
 
 
 def test_missing_tokenizer_is_named(tmp_path):
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, _ = tiny_llama()
     hf.save_pretrained(tmp_path)
@@ -209,7 +209,7 @@ def test_shipped_word_level_tokenizer_survives_a_model_type_with_its_own_tokeniz
     shipped word-level tokenizer.json; load_tokenizer keeps the directory's own tokenizer."""
     import json
 
-    from gather_aggregate.loading import load_tokenizer
+    from gather_aggregate.models.loading import load_tokenizer
     from gather_aggregate.tasks.wordlevel import word_level_tokenizer
 
     tok = word_level_tokenizer(["table : 117 @ bado | get bado ?"])
@@ -238,7 +238,7 @@ def test_layer_and_head_out_of_range(llama_model):
 
 def raise_if_softmax_of_ssm():
     # protocol-level check, independent of any SSM implementation
-    from gather_aggregate.protocol import LayerInfo, ProtocolMixin
+    from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin
 
     class Fake(ProtocolMixin):
         layers = [LayerInfo(0, "ssm", 2, 1, "blocks.0.ssm.hook_head_out")]
@@ -259,7 +259,7 @@ def test_tokens_longer_than_context(tiny_gpt2_dir):
 def test_in_memory_tokenizer_with_bos_is_accepted_and_left_untouched():
     from gather_aggregate import from_hf_model
     from gather_aggregate.tasks.wordlevel import word_level_tokenizer
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     tok = word_level_tokenizer(["a", "b", "c"], add_bos=True)
     state = (tok.pad_token, tok.eos_token, tok.padding_side, tok.bos_token)

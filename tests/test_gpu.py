@@ -14,8 +14,8 @@ import torch
 from model_checks import check_exact_scan_matches_naive, check_last_row_patterns
 
 from gather_aggregate import load_model
-from gather_aggregate.adapters.realwidth import PUBLISHED, hf_reference, param_bytes, write_checkpoint
-from gather_aggregate.scan import atp_scan
+from gather_aggregate.scan.exact import atp_scan
+from gather_aggregate.testing.realwidth import PUBLISHED, hf_reference, param_bytes, write_checkpoint
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -122,13 +122,13 @@ def check_audited_paths_on(device: str) -> None:
     delta-rule oracle, and a bf16 Mamba-2's implied attention against its float32 scan."""
     from gather_aggregate.adapters import load_ssm
     from gather_aggregate.adapters.delta_rule import delta_implied_attention, delta_implied_reference
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.core.sharpness import sharpness_index
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.hybridise.distill import stage_loss
-    from gather_aggregate.hybridise.experiment import perplexity
-    from gather_aggregate.hybridise.graft import AttentionGraft, train_graft
-    from gather_aggregate.metrics import sharpness_index
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.studies.hybrids.distill import stage_loss
+    from gather_aggregate.studies.hybrids.experiment import perplexity
+    from gather_aggregate.studies.hybrids.graft import AttentionGraft, train_graft
+    from gather_aggregate.testing.tiny_models import tiny_llama
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     dev = torch.device(device)
     pattern = torch.rand(2, 3, 5, 7, device=dev).softmax(-1)
@@ -184,7 +184,7 @@ def check_newer_family_on(device: str, name: str, kw: dict, root) -> None:
     """A real-width checkpoint of ``name`` on ``device``: the shipped dtype kept (and on CUDA the device-memory
     bar), fp32 logits equal the oracle's (HF's own model, Llamba's sequential oracle; on the CPU), and in the
     shipped dtype the last-row patterns, exact scan = naive scan and AtP over every head."""
-    from gather_aggregate.adapters.realwidth import reference_logits
+    from gather_aggregate.testing.realwidth import reference_logits
 
     d = write_checkpoint(name, root / name, **kw)
     cuda = device.startswith("cuda")

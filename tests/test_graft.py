@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from gather_aggregate import errors
-from gather_aggregate.hybridise.graft import AttentionGraft, train_graft
-from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.core import errors
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.studies.hybrids.graft import AttentionGraft, train_graft
 
 
 @pytest.fixture(scope="module")
 def mamba2():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     return from_hf_model(tiny_hf_ssm("mamba2", seed=3, stress=True))  # 8 heads in 2 groups of B/C
 
@@ -99,7 +99,7 @@ def test_training_moves_only_the_graft_and_resumes_bit_for_bit(mamba2, tmp_path)
 
 def test_bad_inputs_are_one_line_errors(mamba2, tmp_path):
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     llama = from_hf_model(*tiny_llama(num_hidden_layers=1))
     with pytest.raises(errors.InputError, match="not a Mamba-2 layer"):
@@ -112,7 +112,7 @@ def test_bad_inputs_are_one_line_errors(mamba2, tmp_path):
 
 
 def test_random_control_heads_are_distinct_and_never_the_top_head(mamba2):
-    from gather_aggregate.hybridise.graft_experiment import random_heads
+    from gather_aggregate.studies.hybrids.graft_experiment import random_heads
 
     picks = random_heads(mamba2, (0, 0), range(15))
     assert len(picks) == 15 and len(set(picks)) == 15 and (0, 0) not in picks
@@ -121,7 +121,7 @@ def test_random_control_heads_are_distinct_and_never_the_top_head(mamba2):
 
 
 def test_the_experiment_refuses_a_model_that_is_not_mamba2(tiny_llama_dir, tmp_path):
-    from gather_aggregate.hybridise.graft_experiment import run_graft_experiment
+    from gather_aggregate.studies.hybrids.graft_experiment import run_graft_experiment
 
     with pytest.raises(errors.InputError, match="not a Mamba-2 model"):
         run_graft_experiment(tiny_llama_dir, tmp_path, steps=1)

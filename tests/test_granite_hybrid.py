@@ -7,7 +7,7 @@ from hybrid_family_checks import HybridFamilySuite
 
 from gather_aggregate import from_hf_model
 from gather_aggregate.adapters.families.granitemoehybrid import HookedGraniteHybrid
-from gather_aggregate.adapters.families_testing import random_granite_config, tiny_hf_granite
+from gather_aggregate.testing.tiny_families import random_granite_config, tiny_hf_granite
 
 
 class TestGranite(HybridFamilySuite):

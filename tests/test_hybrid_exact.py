@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from gather_aggregate.adapters import load_ssm
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_convert import load_hybrid
-from gather_aggregate.adapters.hybrid_testing import hf_hybrid_logits, tiny_hf_hybrid
-from gather_aggregate.protocol import param_checksum
+from gather_aggregate.core.protocol import param_checksum
+from gather_aggregate.testing.tiny_hybrids import hf_hybrid_logits, tiny_hf_hybrid
 
 TOL = 1e-4
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from gather_aggregate import errors
 from gather_aggregate.adapters.hybrid import HookedHybrid
 from gather_aggregate.adapters.hybrid_convert import load_hybrid
-from gather_aggregate.adapters.hybrid_testing import hf_hybrid_logits, tiny_hf_hybrid
-from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.core import errors
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.testing.tiny_hybrids import hf_hybrid_logits, tiny_hf_hybrid
 
 HAS_IMPLIED = importlib.util.find_spec("gather_aggregate.adapters.implied") is not None
 HAS_MASKING = importlib.util.find_spec("gather_aggregate.adapters.masking") is not None
@@ -33,7 +33,7 @@ def world():
 def saved(request, world, tmp_path_factory):
     """An HF hybrid with a word-level tokenizer, saved with save_pretrained, and load_model() of it."""
     from gather_aggregate import load_model
-    from gather_aggregate.testing import save_model_dir
+    from gather_aggregate.testing.tiny_models import save_model_dir
 
     _, tok = world
     extra = {"bamba": {"num_hidden_layers": 3, "attn_layer_indices": [1]},
@@ -193,8 +193,8 @@ def test_start_and_stop_at_layer_resume_exactly(saved):
 
 
 def test_exact_scan_table_has_both_head_kinds_and_equals_naive(saved):
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import atp_scan, exact_scan, naive_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.scan.exact import atp_scan, exact_scan, naive_scan
 
     hf, model, _ = saved
     before, hf_before = param_checksum(model), param_checksum(hf)
@@ -240,9 +240,9 @@ def test_readout_scan_runs_a_last_attention_layer_at_the_read_rows_only(world):
     """With attention as the last layer, every edited forward stops at that layer's input and runs its queries at
     the readout positions only: its full forward runs once (the clean run), the scores stay the naive ones."""
     from gather_aggregate import from_hf_model
-    from gather_aggregate.layer_resume import plan, verify
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.interventions.layer_resume import plan, verify
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
 
     _, tok = world
     hf = tiny_hf_hybrid("bamba", seed=2, stress=True, vocab_size=len(tok), num_hidden_layers=3, attn_layer_indices=[2])
@@ -268,7 +268,7 @@ def test_readout_scan_runs_a_last_attention_layer_at_the_read_rows_only(world):
 
 @needs_implied
 def test_detection_runs_on_a_hybrid(saved, world):
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
+    from gather_aggregate.detect.detector import find_ga_heads, pattern_scores
     from gather_aggregate.tasks.kv import KVRetrieval
 
     w, tok = world
@@ -390,7 +390,7 @@ def test_attention_ablation_experiment_runs_on_a_zoo_style_hybrid_dir(world, tmp
     on a trained zoo hybrid the same call gives the measured table (docs/api_hybrid.md).
     """
     from gather_aggregate import load_model
-    from gather_aggregate.experiments import remove_only
+    from gather_aggregate.studies.ablation_tables import remove_only
     from gather_aggregate.tasks.registry import for_model_dir
     from gather_aggregate.training.vocab import save_world
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gather_aggregate.hybridise.shipped import (
+from gather_aggregate.studies.hybrids.shipped import (
     DEMO_HYBRID,
     SWEEP_FILE,
     recovery,
@@ -80,7 +80,7 @@ def test_the_sweep_writer_and_the_figure_script_answer_help_and_a_wrong_director
     import sys
     from pathlib import Path
 
-    from gather_aggregate.hybridise.shipped import main
+    from gather_aggregate.studies.hybrids.shipped import main
 
     before = SWEEP_FILE.read_bytes()
     with pytest.raises(SystemExit) as done:
@@ -104,8 +104,8 @@ def hybrid():
 
 def test_shipped_hybrid_reproduces_its_recorded_accuracies(hybrid):
     """The shipped hybrid loads with load_model and measures, on the sweep's own prompts, what the sweep recorded."""
-    from gather_aggregate import claims
-    from gather_aggregate.demo_hybrids import kept_heads
+    from gather_aggregate.cli.demo_hybrids import kept_heads
+    from gather_aggregate.studies import claims
     from gather_aggregate.zoo import zoo_path
 
     sweep = shipped_sweep()
@@ -118,10 +118,10 @@ def test_shipped_hybrid_reproduces_its_recorded_accuracies(hybrid):
 
 
 def test_demo_section_shows_the_shipped_table_and_the_live_hybrid(tmp_path, hybrid):
-    from gather_aggregate import claims
-    from gather_aggregate.demo_hybrids import hybrid_demo, hybrid_lines, hybrid_sections
+    from gather_aggregate.cli.demo_hybrids import hybrid_demo, hybrid_lines, hybrid_sections
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.report import Table, write_report
+    from gather_aggregate.report.html import Table, write_report
+    from gather_aggregate.studies import claims
     from gather_aggregate.zoo import zoo_path
 
     sweep = shipped_sweep()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.errors import InputError, ResumeMismatchError
+from gather_aggregate.core.errors import InputError, ResumeMismatchError
 
 
 @pytest.fixture(scope="module")
 def teacher():
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(seed=3)  # GQA: 4 query heads read 2 kv heads
     return hf, tok
@@ -26,8 +26,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_all_heads_kept_equals_the_teacher(teacher):
+    from gather_aggregate.core.protocol import param_checksum
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.protocol import param_checksum
 
     hf, tok = teacher
     before = param_checksum(hf)
@@ -44,7 +44,7 @@ def test_all_heads_kept_equals_the_teacher(teacher):
 @pytest.mark.parametrize("d_state", [3, 16, 24])  # below, at and above the head dimension (16)
 def test_ssm_heads_implied_attention_reconstructs_their_output(teacher, d_state):
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.hybridise.layers import implied_attention
+    from gather_aggregate.models.head_hybrid.layers import implied_attention
 
     hf, _ = teacher
     model = hybridise(hf, [(0, 1), (1, 3)], d_state=d_state)
@@ -106,9 +106,9 @@ def test_hybrid_is_a_protocol_model_and_round_trips_through_load_model(teacher, 
     from transformers.utils import logging as hf_logging
 
     from gather_aggregate import load_model
+    from gather_aggregate.core.protocol import HookedModel
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.protocol import HookedModel
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
 
     hf, tok = teacher
     model = hybridise(hf, [(1, 2)], d_state=8)
@@ -158,7 +158,7 @@ class _Stop(Exception):
 
 def test_distillation_runs_every_stage_and_resumes_exactly(teacher, tmp_path):
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.hybridise.distill import DistillConfig, distill, stage_loss
+    from gather_aggregate.studies.hybrids.distill import DistillConfig, distill, stage_loss
 
     hf, _ = teacher
     full = hybridise(hf, "all")
@@ -197,7 +197,7 @@ def test_distillation_runs_every_stage_and_resumes_exactly(teacher, tmp_path):
 
 def test_toy_sweep_smoke(tmp_path):
     """The experiment runner end to end on the zoo transformer with one step per stage; reruns skip what is done."""
-    from gather_aggregate.hybridise.experiment import format_results, run_sweep, zoo_batches
+    from gather_aggregate.studies.hybrids.experiment import format_results, run_sweep, zoo_batches
     from gather_aggregate.zoo import zoo_path
 
     b = zoo_batches(zoo_path("llama-kvmc"), batch_size=2, seed=5)
@@ -218,8 +218,8 @@ def test_toy_sweep_smoke(tmp_path):
 def test_full_distillation_run_recovers_the_teacher_better_than_its_initialisation(tmp_path):
     """A full-length run (scan top-2 kept, 60/60/120 steps): the end-to-end KL to the teacher falls."""
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.hybridise.distill import DistillConfig, distill, stage_loss
-    from gather_aggregate.hybridise.experiment import zoo_batches
+    from gather_aggregate.studies.hybrids.distill import DistillConfig, distill, stage_loss
+    from gather_aggregate.studies.hybrids.experiment import zoo_batches
     from gather_aggregate.zoo import zoo_path
 
     p = zoo_path("llama-kvmc")

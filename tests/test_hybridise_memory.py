@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.errors import InputError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, UnsupportedModelError
 
 
 @pytest.mark.parametrize("name", ["llama-kvmc", "mamba2-ga", "bamba-ga"])
@@ -13,7 +13,7 @@ from gather_aggregate.errors import InputError, UnsupportedModelError
 def test_cache_bytes_equal_the_tensors_hf_allocates_on_the_zoo(name, L):
     from transformers import AutoModelForCausalLM
 
-    from gather_aggregate.hybridise.memory import cache_bytes, measured_cache_bytes
+    from gather_aggregate.models.memory import cache_bytes, measured_cache_bytes
     from gather_aggregate.zoo import zoo_path
 
     hf = AutoModelForCausalLM.from_pretrained(zoo_path(name)).eval()
@@ -27,7 +27,7 @@ def test_cache_bytes_equal_the_tensors_hf_allocates_on_the_zoo(name, L):
 def test_cache_bytes_of_mamba1_and_the_hf_config_object():
     from transformers import MambaConfig, MambaForCausalLM
 
-    from gather_aggregate.hybridise.memory import cache_bytes, measured_cache_bytes
+    from gather_aggregate.models.memory import cache_bytes, measured_cache_bytes
 
     cfg = MambaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, state_size=8, conv_kernel=3)
     torch.manual_seed(0)
@@ -41,9 +41,9 @@ def test_cache_bytes_of_mamba1_and_the_hf_config_object():
 
 
 def test_head_hybrid_cache_counts_only_kept_kv_heads():
-    from gather_aggregate.hybridise.config import HeadHybridConfig
-    from gather_aggregate.hybridise.memory import cache_bytes
-    from gather_aggregate.hybridise.memory_cli import LLAMA_32_1B
+    from gather_aggregate.cli.memory import LLAMA_32_1B
+    from gather_aggregate.models.head_hybrid.config import HeadHybridConfig
+    from gather_aggregate.models.memory import cache_bytes
 
     # GQA: heads 0-3 read kv head 0, so keeping (0,0) and (0,1) costs one kv head; (1,31) another
     cfg = HeadHybridConfig.from_llama(LLAMA_32_1B, [(0, 0), (0, 1), (1, 31)], d_state=8)
@@ -56,7 +56,7 @@ def test_head_hybrid_cache_counts_only_kept_kv_heads():
 
 
 def test_cache_bytes_errors():
-    from gather_aggregate.hybridise.memory import cache_bytes
+    from gather_aggregate.models.memory import cache_bytes
 
     with pytest.raises(UnsupportedModelError, match="does not know"):
         cache_bytes({"model_type": "rwkv"}, 10)
@@ -65,7 +65,7 @@ def test_cache_bytes_errors():
 
 
 def test_memory_cli_prints_the_table(capsys, tmp_path):
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
 
     assert main(["memory", "--model", "llama-kvmc", "--keep", "0,2", "--d-states", "8", "--out",
                  str(tmp_path)]) == 0
@@ -77,9 +77,9 @@ def test_memory_cli_prints_the_table(capsys, tmp_path):
 
 
 def test_head_choice_strategies_on_the_zoo_transformer():
-    from gather_aggregate.claims import task_sets
     from gather_aggregate.hybridise import choose_heads, hybridise
-    from gather_aggregate.hybridise.choose import scan_order
+    from gather_aggregate.studies.claims import task_sets
+    from gather_aggregate.studies.hybrids.choose import scan_order
     from gather_aggregate.zoo import zoo_path
 
     model = hybridise(zoo_path("llama-kvmc"), "all")
@@ -90,7 +90,7 @@ def test_head_choice_strategies_on_the_zoo_transformer():
     assert choose_heads(model, kv, 3, "bottom", scan=scan) == order[::-1][:3]
     r0, r1 = (choose_heads(model, kv, 4, "random", seed=s) for s in (0, 1))
     assert len(set(r0)) == 4 and r0 != r1 and r0 == choose_heads(model, kv, 4, "random", seed=0)
-    from gather_aggregate.detect import find_ga_heads
+    from gather_aggregate.detect.detector import find_ga_heads
 
     named = set(find_ga_heads(model, kv, scan).ga_heads())
     det = choose_heads(model, kv, 3, "detector", scan=scan)

@@ -14,8 +14,8 @@ from gather_aggregate.adapters.implied import (
     mamba2_implied_attention,
     mamba2_implied_reference,
 )
-from gather_aggregate.adapters.testing import hf_logits, tiny_hf_ssm
-from gather_aggregate.errors import IndexOutOfRangeError, InputError, MemoryBudgetError
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError, MemoryBudgetError
+from gather_aggregate.testing.tiny_ssm import hf_logits, tiny_hf_ssm
 
 REL = 1e-5
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.testing import TINY_FAMILIES, bpe_tokenizer, tiny_transformer
+from gather_aggregate.testing.tiny_models import TINY_FAMILIES, bpe_tokenizer, tiny_transformer
 
 FAMILIES = list(TINY_FAMILIES)
 TOL = 1e-5
@@ -43,7 +43,7 @@ def _tokens(model, n, seed):
 
 
 def _verified_plan(model, toks):
-    from gather_aggregate import layer_resume
+    from gather_aggregate.interventions import layer_resume
 
     how = layer_resume.plan(model, range(model.n_layers), readout=True)
     with torch.no_grad():
@@ -71,10 +71,10 @@ def test_every_layer_resumes_inside_after_verification(family, get_model):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_scan_and_patching_inside_the_layer_equal_one_forward_per_head(family, get_model):
-    from gather_aggregate.interventions import head_outputs
-    from gather_aggregate.patching import patch_heads
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.interventions.ablation import head_outputs
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
+    from gather_aggregate.scan.patching import patch_heads
 
     model = get_model(family)
     toks, corrupted = _tokens(model, 2, 1), _tokens(model, 2, 2)
@@ -123,7 +123,7 @@ WRONG = {
 
 @pytest.mark.parametrize("family", list(WRONG))
 def test_verify_catches_a_wrong_resume_and_the_scan_stays_exact(family, get_model, monkeypatch):
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
 
     model = get_model(family)
     toks = _tokens(model, 2, 3)

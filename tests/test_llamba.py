@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from gather_aggregate.adapters.llamba import HookedLlamba, load_llamba
-from gather_aggregate.adapters.llamba_testing import (
+from gather_aggregate.core.errors import CheckpointError, InputError, UnsupportedModelError
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.testing.llamba_checkpoints import (
     llamba_raw_config,
     llamba_reference_logits,
     llamba_reference_mixer,
     random_llamba_state_dict,
     save_llamba_checkpoint,
 )
-from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
-from gather_aggregate.protocol import count_hooks, param_checksum
 
 
 def _random_raw(seed: int) -> dict:
@@ -96,7 +96,7 @@ def saved(tmp_path_factory):
 
 
 def test_load_model_serves_llamba_with_its_tokenizer(saved):
-    from gather_aggregate.loading import supported_model_types
+    from gather_aggregate.models.loading import supported_model_types
 
     _, tok, model, d = saved
     assert isinstance(model, HookedLlamba) and model.tokenizer is not None
@@ -119,7 +119,7 @@ def test_load_model_serves_llamba_with_its_tokenizer(saved):
 
 def test_masking_and_ablation_on_llamba_heads(saved):
     from gather_aggregate.adapters import mask_heads
-    from gather_aggregate.interventions import ablate
+    from gather_aggregate.interventions.ablation import ablate
 
     _, _, model, _ = saved
     tokens = torch.randint(0, model.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -140,8 +140,8 @@ def test_masking_and_ablation_on_llamba_heads(saved):
 
 
 def test_exact_scan_and_detector_run_on_llamba(saved):
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
-    from gather_aggregate.scan import exact_scan, naive_scan
+    from gather_aggregate.detect.detector import find_ga_heads, pattern_scores
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
     from gather_aggregate.tasks.kv import KVRetrieval
 
     world, tok, model, _ = saved

@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval", reason="needs the lmeval extra (pip install -e '.
 
 import torch  # noqa: E402
 
-from gather_aggregate.errors import InputError, UnknownTokenWarning  # noqa: E402
+from gather_aggregate.core.errors import InputError, UnknownTokenWarning  # noqa: E402
 from gather_aggregate.zoo import zoo_path  # noqa: E402
 
 TASKS = Path(__file__).parent / "data" / "lm_eval"
@@ -107,7 +107,7 @@ def test_ablated_equals_project_evaluate(lm, args):
 
 
 def _live_hooks(model):
-    from gather_aggregate.protocol import count_hooks
+    from gather_aggregate.core.protocol import count_hooks
 
     return range(count_hooks(model))
 
@@ -206,7 +206,7 @@ def test_lm_eval_cli_runs_our_model(tmp_path):
 
 
 def test_gather_aggregate_lm_eval_command(tmp_path):
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
 
     out = tmp_path / "run"
     rc = main(["lm-eval", "--model", ZOO, "--tasks", "ga_mmlu_letter,ga_knowledge", "--heads", "L0H2;L1H0",
@@ -222,7 +222,7 @@ def test_gather_aggregate_lm_eval_command(tmp_path):
     assert (out / "lm_eval.csv").read_text().startswith("task,format,setting")
     assert "| ga_mmlu_letter | completion | acc |" in (out / "lm_eval.md").read_text()
     assert (out / "tasks" / "ga_mmlu_letter.yaml").is_file()  # ga_* tasks written for the model
-    from gather_aggregate.report_builder import build_report_from_dir
+    from gather_aggregate.report.from_results import build_report_from_dir
 
     html = build_report_from_dir(out, tmp_path / "report.html").read_text()
     assert "tasks x heads removed" in html
@@ -239,7 +239,7 @@ def test_shipped_tasks_match_export(tmp_path):
 
 
 def test_bad_schedule_is_one_line_before_the_model_loads(tmp_path, capsys):
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
 
     rc = main(["lm-eval", "--model", ZOO, "--tasks", "arc_easy", "--heads", "L0H2", "--schedule", "0,ten",
                "--out", str(tmp_path)])
@@ -250,7 +250,7 @@ def test_bad_schedule_is_one_line_before_the_model_loads(tmp_path, capsys):
 
 @pytest.mark.slow  # lm-eval indexes its ~14k task names (about 25 s here)
 def test_unknown_lm_eval_task_is_named_with_a_suggestion():
-    from gather_aggregate.errors import InputError
+    from gather_aggregate.core.errors import InputError
     from gather_aggregate.lm_eval.schedule import run_table
 
     with pytest.raises(InputError, match="unknown lm-eval task\\(s\\): 'arc_easyy' \\(did you mean 'arc_easy'\\?\\)"):

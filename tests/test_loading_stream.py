@@ -1,4 +1,4 @@
-"""The streamed load of checkpoints whose MoE experts HF fuses at load time (gather_aggregate.loading_stream).
+"""The streamed load of checkpoints whose MoE experts HF fuses at load time (gather_aggregate.models.moe_streaming).
 
 Every parameter and buffer, dtype included, equals ``from_pretrained``'s bit for bit (fp32 and bf16, DeepSeek-V3's
 router bias kept fp32 as HF keeps it); anything it cannot map exactly goes back to ``from_pretrained``.  Its memory
@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from gather_aggregate.adapters.config_fuzz import draw
-from gather_aggregate.loading_stream import stream_fused_experts
+from gather_aggregate.models.moe_streaming import stream_fused_experts
+from gather_aggregate.testing.fuzz.draws import draw
 
 #: MoE families whose experts HF 5 fuses (per-expert on disk), MLA ones and the Mixtral naming (w1/w2/w3) among them
 FAMILIES = ["deepseek_v2", "deepseek_v3", "mixtral", "qwen3_moe", "olmoe", "glm4_moe"]
@@ -60,7 +60,7 @@ def test_load_model_takes_the_streamed_path_and_equals_hf(tmp_path, monkeypatch)
     from transformers import AutoModelForCausalLM
 
     from gather_aggregate import load_model
-    from gather_aggregate.testing import bpe_tokenizer, hf_logits
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer, hf_logits
 
     case = _saved("deepseek_v2", tmp_path)
     bpe_tokenizer().save_pretrained(tmp_path)
@@ -80,7 +80,7 @@ def test_what_it_cannot_map_exactly_goes_back_to_from_pretrained(tmp_path, monke
     import transformers
     from safetensors.torch import load_file, save_file
 
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     tiny_llama()[0].save_pretrained(tmp_path / "dense")  # no expert fusion: HF's lazy load is already lean
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gather_aggregate.adapters.scan import mamba1_scan, mamba1_scan_ref
+from gather_aggregate.adapters.selective_scan import mamba1_scan, mamba1_scan_ref
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from error_checks import one_line as _one_line
 
-from gather_aggregate.errors import GAError, InputError, ResumeMismatchError
-from gather_aggregate.session import count_hooks, param_checksum
+from gather_aggregate.core.errors import GAError, InputError, ResumeMismatchError
+from gather_aggregate.core.model_state import count_hooks, param_checksum
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def world(llama_model):
 @pytest.fixture(scope="module")
 def ssm():
     from gather_aggregate.adapters import load_ssm
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     return load_ssm(tiny_hf_ssm("mamba2", seed=0))
 
@@ -94,8 +94,8 @@ def test_pattern_flags_of_the_wrong_type(ssm, kwargs, needle):
 def test_readout_positions_in_natural_forms(world):
     import numpy as np
 
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.scan.exact import exact_scan
 
     model, _, tokens, _ = world
     fn = lambda la: la[:, 0, 3].mean()  # noqa: E731
@@ -113,7 +113,7 @@ def test_readout_positions_in_natural_forms(world):
 
 
 def test_patching_with_a_metric_that_does_not_tell_clean_from_corrupted(world):
-    from gather_aggregate.patching import patch_heads
+    from gather_aggregate.scan.patching import patch_heads
 
     model, _, tokens, metric = world
     before = param_checksum(model)
@@ -127,7 +127,7 @@ def test_patching_with_a_metric_that_does_not_tell_clean_from_corrupted(world):
 
 
 def test_ctrl_c_in_a_metric_then_resume_and_a_resume_with_another_metric_of_the_same_name(world, tmp_path):
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     model, _, tokens, _ = world
     out = tmp_path / "scan.json"
@@ -159,14 +159,14 @@ def test_ctrl_c_in_a_metric_then_resume_and_a_resume_with_another_metric_of_the_
 
 # ---- ablations ------------------------------------------------------------------------------------------------
 def test_ablation_arguments_of_the_wrong_type(world):
-    from gather_aggregate.interventions import ablation_hooks, make_replacement
+    from gather_aggregate.interventions.ablation import ablation_hooks, make_replacement
 
     model, _, tokens, _ = world
     for kwargs, needle in ((dict(per_position="no"), "per_position must be True or False"),  # "no" was true
                            (dict(seed="x"), "seed must be an integer")):  # seeded the draw from a string
         with pytest.raises(InputError, match=needle):
             make_replacement(model, [(0, 1)], "resample", tokens.flip(0), **kwargs)
-    from gather_aggregate.attribution import attribution_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
 
     with pytest.raises(InputError, match="graddrop must be True or False"):  # "no" was true
         attribution_scan(model, tokens, world[3], heads=[(0, 1)], estimator="atp*", graddrop="no")
@@ -183,7 +183,7 @@ def test_ablation_arguments_of_the_wrong_type(world):
 def test_ablate_is_a_context_manager_checked_where_it_is_written(world):
     """ablate(model, heads)(tokens) silently returned a wrapped function (a generator context manager is also a
     decorator), and a bad head was only found on entering the block."""
-    from gather_aggregate.interventions import ablate, run_ablated
+    from gather_aggregate.interventions.ablation import ablate, run_ablated
 
     model, _, tokens, _ = world
     before, hooks = param_checksum(model), count_hooks(model)
@@ -246,9 +246,9 @@ def test_a_transformers_resumed_forward_checks_what_it_is_given(world):
 def test_from_hf_model_takes_a_tokenizer_directory_and_says_why_a_tokenizer_fails(tiny_llama_dir):
     """from_hf_model refused tokenizer=dir (load_model takes one); a tokenizer that cannot be loaded was a
     three-line message (transformers' own)."""
-    from gather_aggregate.errors import TokenizerMissingError
-    from gather_aggregate.loading import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.core.errors import TokenizerMissingError
+    from gather_aggregate.models.loading import from_hf_model
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, _ = tiny_llama()
     assert from_hf_model(hf, tokenizer=str(tiny_llama_dir)).to_tokens("apple").shape[0] == 1
@@ -258,13 +258,13 @@ def test_from_hf_model_takes_a_tokenizer_directory_and_says_why_a_tokenizer_fail
 
 
 def test_head_names_in_any_case_on_the_command_line():
-    from gather_aggregate.cli import head_pairs
+    from gather_aggregate.cli.arg_types import head_pairs
 
     assert head_pairs("l0h1,L1H0,1.2") == [(0, 1), (1, 0), (1, 2)]  # lower case was refused
 
 
 def test_check_head_set_names_a_scan_result_without_printing_it(world):
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.scan.exact import ScanResult
 
     scan = ScanResult([{"layer": 0, "head": h, "kind": "attn", "score": 0.1 * h} for h in range(4)], {})
     with pytest.raises(GAError, match="got ScanResult$") as err:  # was every row of the scan in the message
@@ -275,8 +275,8 @@ def test_check_head_set_names_a_scan_result_without_printing_it(world):
 
 # ---- tables ---------------------------------------------------------------------------------------------------
 def test_tables_of_the_wrong_shape_are_refused_before_the_disk_is_touched(tmp_path):
-    from gather_aggregate.io import write_table
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.core.results_io import write_table
+    from gather_aggregate.scan.exact import ScanResult
 
     out = tmp_path / "t.json"
     write_table([{"a": 1}], out, {"m": 1})
@@ -291,7 +291,7 @@ def test_tables_of_the_wrong_shape_are_refused_before_the_disk_is_touched(tmp_pa
 
 
 def test_an_evaluator_that_returns_no_number(world):
-    from gather_aggregate.experiments import layer_pruning, remove_only
+    from gather_aggregate.studies.ablation_tables import layer_pruning, remove_only
 
     model, examples, _, _ = world
     with pytest.raises(InputError, match="the evaluator returned str 'good' on task set 'kv'"):  # was in the table

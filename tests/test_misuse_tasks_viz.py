@@ -9,8 +9,8 @@ import pytest
 import torch
 from error_checks import one_line as _one_line
 
-from gather_aggregate.errors import InputError, TaskError
-from gather_aggregate.session import count_hooks, param_checksum
+from gather_aggregate.core.errors import InputError, TaskError
+from gather_aggregate.core.model_state import count_hooks, param_checksum
 
 PROMPT = "Keys:\napple:12\nriver:7\n\nThe value of the key 'river' is"  # segments [5, 14) and [14, 22)
 
@@ -72,8 +72,8 @@ def test_task_sizes_take_numpy_integers(llama_model):
 
 # ---- the detector and evaluation -------------------------------------------------------------------------------
 def test_detector_layers_as_an_int_and_a_scan_of_another_model(llama_model):
-    from gather_aggregate.detect import find_ga_heads, pattern_scores
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.detect.detector import find_ga_heads, pattern_scores
+    from gather_aggregate.scan.exact import ScanResult
     from gather_aggregate.tasks.registry import get_task
 
     ex = get_task("kv", n_pairs=3).examples(llama_model.tokenizer, 2)
@@ -101,8 +101,8 @@ def test_evaluate_n_on_a_list_and_a_hook_factory_that_returns_no_hooks(llama_mod
 
 # ---- experiments -------------------------------------------------------------------------------------------------
 def test_experiments_take_a_scan_as_a_ranking_and_one_layer_as_an_int(llama_model):
-    from gather_aggregate.experiments import cumulative_ablation, skip_layer_hooks
-    from gather_aggregate.scan import ScanResult
+    from gather_aggregate.scan.exact import ScanResult
+    from gather_aggregate.studies.ablation_tables import cumulative_ablation, skip_layer_hooks
     from gather_aggregate.tasks.registry import get_task
 
     ex = get_task("kv", n_pairs=3).examples(llama_model.tokenizer, 2)
@@ -145,7 +145,7 @@ def test_figures_refuse_heads_rows_and_spans_they_cannot_draw(pattern):
 
 
 def test_metrics_take_lists_and_check_n_keys(pattern):
-    from gather_aggregate.metrics import row_entropy, sharpness_index
+    from gather_aggregate.core.sharpness import row_entropy, sharpness_index
 
     row = pattern[2, -1]
     assert float(row_entropy(row.tolist())) == pytest.approx(float(row_entropy(row)))  # was AttributeError
@@ -172,7 +172,7 @@ def test_circuit_diagram_takes_bare_heads_and_views_print_short(pattern):
 
 
 def test_strips_and_diagrams_render_in_a_notebook_and_in_a_report(tmp_path):
-    from gather_aggregate.report import write_report
+    from gather_aggregate.report.html import write_report
     from gather_aggregate.viz.circuit import circuit_diagram
     from gather_aggregate.viz.tokens import token_strip
 

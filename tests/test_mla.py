@@ -2,7 +2,7 @@
 plain HF.
 
 TL 4.3 views ``hook_z`` (the ``o_proj`` input, ``n_heads * v_head_dim`` wide) as heads of its ``d_head`` (HF's
-``qk_rope_head_dim``); :func:`gather_aggregate.bridge_mla.split_mla_heads` splits it into heads of ``v_head_dim``.
+``qk_rope_head_dim``); :func:`gather_aggregate.models.bridge_mla.split_mla_heads` splits it into heads of ``v_head_dim``.
 Every reference here is HF's own model with a forward pre-hook on a layer's ``o_proj`` that edits head ``h``'s
 slice ``[h * v_head_dim, (h + 1) * v_head_dim)`` of its input: zero-ablation, patching, the exact scan, AtP's
 gradient and AtP*'s direct residual change.  Configs are the config fuzz's draws (stressed weights, MoE layers,
@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.adapters.config_fuzz import draw, draw_fields
-from gather_aggregate.testing import hf_head_inputs, hf_logits, hf_output_projection
+from gather_aggregate.testing.fuzz.draws import draw, draw_fields
+from gather_aggregate.testing.tiny_models import hf_head_inputs, hf_logits, hf_output_projection
 
 TOL = 1e-4
 BATCH, N_POS = 2, 9
@@ -52,7 +52,7 @@ def _seed(family, wanted):
 @pytest.fixture(scope="module")
 def loaded():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.session import param_checksum
+    from gather_aggregate.core.model_state import param_checksum
 
     got = {}
 
@@ -102,7 +102,7 @@ def test_logits_and_hook_z_split_into_value_heads(name, loaded):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_zero_ablating_each_head_equals_hf_with_its_value_slice_zeroed(name, loaded):
-    from gather_aggregate.interventions import ablate, run_ablated
+    from gather_aggregate.interventions.ablation import ablate, run_ablated
 
     hf, model, toks, _ = loaded(name)
     _, v = _dims(hf)
@@ -118,9 +118,9 @@ def test_zero_ablating_each_head_equals_hf_with_its_value_slice_zeroed(name, loa
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_exact_scan_equals_hf_head_ablations_and_resumes_inside_every_layer(name, loaded):
-    from gather_aggregate import layer_resume
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.interventions import layer_resume
+    from gather_aggregate.scan.exact import exact_scan
 
     hf, model, toks, _ = loaded(name)
     _, v = _dims(hf)
@@ -142,7 +142,7 @@ def test_exact_scan_equals_hf_head_ablations_and_resumes_inside_every_layer(name
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_patching_a_clean_head_into_the_corrupted_run_equals_hf(name, loaded):
-    from gather_aggregate.patching import patch_heads
+    from gather_aggregate.scan.patching import patch_heads
 
     hf, model, toks, _ = loaded(name)
     _, v = _dims(hf)
@@ -209,11 +209,11 @@ def test_attribution_estimators_on_value_heads(name, loaded):
     """AtP equals HF's gradient times the head's value slice; AtP*'s direct residual change of a head is HF's
     ``o_proj`` output change with that slice zeroed; AtP-softmax with every prompt exact is the exact scan; IG, AtP*
     and AtP*-softmax run on every head with finite estimates."""
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.attribution_star import pattern_changes
-    from gather_aggregate.interventions import head_outputs
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.attribution.atp_star import pattern_changes
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.interventions.ablation import head_outputs
+    from gather_aggregate.scan.exact import exact_scan
 
     hf, model, toks, _ = loaded(name)
     _, v = _dims(hf)
@@ -254,9 +254,9 @@ def test_attribution_estimators_on_value_heads(name, loaded):
 
 @pytest.mark.parametrize("name", ["v2-direct-q-wide-v", "v3-lora-q-wide-v-moe"])
 def test_the_users_model_is_untouched_and_no_hook_outlives_a_call(name, loaded):
-    from gather_aggregate.interventions import ablate
-    from gather_aggregate.scan import exact_scan
-    from gather_aggregate.session import count_hooks, param_checksum
+    from gather_aggregate.core.model_state import count_hooks, param_checksum
+    from gather_aggregate.interventions.ablation import ablate
+    from gather_aggregate.scan.exact import exact_scan
 
     hf, model, toks, before = loaded(name)
     exact_scan(model, toks, _metric(toks), progress=False)
@@ -276,8 +276,8 @@ def test_a_latent_attention_whose_o_proj_is_not_heads_times_v_head_dim_is_refuse
     a remote-code variant) cannot be split into heads, and says so instead of mixing them."""
     from types import SimpleNamespace
 
-    from gather_aggregate.bridge_mla import split_mla_heads
-    from gather_aggregate.errors import UnsupportedModelError
+    from gather_aggregate.core.errors import UnsupportedModelError
+    from gather_aggregate.models.bridge_mla import split_mla_heads
 
     hf_attn = SimpleNamespace(v_head_dim=6, kv_b_proj=object())
     o = SimpleNamespace(hook_in=SimpleNamespace(hook_conversion=None),
@@ -304,10 +304,10 @@ def test_a_saved_deepseek_v3_dir_with_its_tokenizer_loads_and_the_cli_scan_is_hf
     from transformers import AutoModelForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
 
     from gather_aggregate import load_model
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
     from gather_aggregate.tasks.metric import task_metric
     from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.testing import bpe_tokenizer, save_model_dir
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer, save_model_dir
 
     tok = bpe_tokenizer()
     cfg = DeepseekV3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,

@@ -8,8 +8,8 @@ from hybrid_family_checks import HybridFamilySuite
 
 from gather_aggregate import from_hf_model
 from gather_aggregate.adapters.families.nemotron_h import HookedNemotronH
-from gather_aggregate.adapters.families_testing import random_nemotron_h_config, tiny_hf_nemotron_h
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
+from gather_aggregate.testing.tiny_families import random_nemotron_h_config, tiny_hf_nemotron_h
 
 
 class TestNemotronH(HybridFamilySuite):
@@ -33,7 +33,7 @@ class TestNemotronH(HybridFamilySuite):
 def test_routing_that_cannot_run_is_refused_at_load(n_exp, n_group, topk_group):
     """HF's grouped router scores a group by its best two experts, so groups of one expert (and a ``topk_group``
     above ``n_group``, or groups that do not divide the experts) fail inside HF's forward; the loader says so
-    before running (found by the config fuzz, ``adapters/config_fuzz.py``)."""
+    before running (found by the config fuzz, ``gather_aggregate/testing/fuzz/draws.py``)."""
     hf = tiny_hf_nemotron_h(0, n_routed_experts=n_exp, n_group=n_group, topk_group=topk_group, num_experts_per_tok=1)
     with pytest.raises(UnsupportedModelError, match="n_group") as err:
         from_hf_model(hf)

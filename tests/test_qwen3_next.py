@@ -15,8 +15,8 @@ from gather_aggregate.adapters.delta_rule import (
     prepare_qk,
 )
 from gather_aggregate.adapters.families.qwen3_next import HookedQwen3Next
-from gather_aggregate.adapters.families_testing import random_qwen3_next_config, tiny_hf_qwen3_next
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.testing.tiny_families import random_qwen3_next_config, tiny_hf_qwen3_next
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -105,7 +105,7 @@ class TestQwen3Next(HybridFamilySuite):
         layer's output while ours does."""
         import copy
 
-        from gather_aggregate.bridge import _build_bridge
+        from gather_aggregate.models.bridge import _build_bridge
 
         _, _, hf, model, _ = saved
         toks = tokens(model.d_vocab, L=24, seed=2)
@@ -132,11 +132,11 @@ class TestQwen3Next(HybridFamilySuite):
                                        dict(num_experts=3, decoder_sparse_step=2, mlp_only_layers=[3])])
 def test_a_one_expert_moe_layer_is_a_moe_block_not_a_dense_mlp(overrides):
     """A sparse layer of one expert is HF's ``Qwen3NextSparseMoeBlock`` (router, the expert and the gated shared
-    expert), not the dense MLP: found by the config fuzz (``adapters/config_fuzz.py``), it was refused as a
+    expert), not the dense MLP: found by the config fuzz (``gather_aggregate/testing/fuzz/draws.py``), it was refused as a
     checkpoint mismatch."""
     from hybrid_family_checks import check_matches_hf
 
-    from gather_aggregate.adapters.families_testing import qwen3_next_config
+    from gather_aggregate.testing.tiny_families import qwen3_next_config
 
     hf = tiny_hf_qwen3_next(5, config=qwen3_next_config(**overrides))
     model, _ = check_matches_hf(hf, load_ssm, tokens(97, L=11, seed=5))

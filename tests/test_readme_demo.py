@@ -40,7 +40,7 @@ def printed_tables(stdout: str) -> list[str]:
 
 
 def test_readme_block_states_the_demos_defaults():
-    from gather_aggregate.cli import build_parser
+    from gather_aggregate.cli.parser import build_parser
 
     args = build_parser().parse_args(["demo"])
     head = readme_block()[0]
@@ -55,7 +55,7 @@ def test_readme_block_is_what_a_fresh_demo_prints(tmp_path):
     if len(list_zoo()) < 7:
         pytest.skip("the toy zoo is not shipped")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "-m", "gather_aggregate.cli", "demo", "--out", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "gather_aggregate.cli.parser", "demo", "--out", str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=1800)
     assert run.returncode == 0, run.stderr[-2000:]
     assert printed_tables(run.stdout) == readme_block()

@@ -1,6 +1,6 @@
 """Real checkpoints at real width, on the CPU: random weights at each model's published widths.
 
-For every family (``gather_aggregate.adapters.realwidth.PUBLISHED``) a checkpoint is written in the dtype and
+For every family (``gather_aggregate.testing.realwidth.PUBLISHED``) a checkpoint is written in the dtype and
 file layout the real one ships with (sharded bf16 safetensors; mamba-ssm's fp32 ``pytorch_model.bin`` for
 Mamba2-2.7B; Cartesia's layout for Llamba-8B), with 1-2 layers (Nemotron-H: 3 one-mixer blocks). Checked: the
 load-memory bar (peak RSS growth <= 1.25x the parameter bytes, measured in a fresh process), the shipped dtype
@@ -25,7 +25,7 @@ import torch
 from model_checks import check_exact_scan_matches_naive, check_last_row_patterns
 
 from gather_aggregate import load_model
-from gather_aggregate.adapters.realwidth import PUBLISHED, reference_logits, write_checkpoint
+from gather_aggregate.testing.realwidth import PUBLISHED, reference_logits, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-4

@@ -117,7 +117,7 @@ def _image_stats(ctx, png: bytes) -> dict:
 
 @pytest.fixture(scope="module")
 def report_path(tmp_path_factory) -> Path:
-    from gather_aggregate import report as R
+    from gather_aggregate.report import html as R
     from gather_aggregate.viz import (
         attention_heads,
         attention_row_view,

@@ -31,7 +31,7 @@ def _shots_module():
 
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory) -> Path:
-    from gather_aggregate.cli import main
+    from gather_aggregate.cli.parser import main
     from gather_aggregate.zoo import list_zoo
 
     if not all(m in list_zoo() for m in MODELS):
@@ -78,7 +78,7 @@ def test_demo_report_in_chromium_at_1400px(demo_report, tmp_path):
     assert not result["problems"], result["problems"]
     # accuracy-less figures: cumulative ablation (one panel per model), sharp vs smooth, 3 heatmaps, KV sweep, and
     # with llama-kvmc among the models the hybrids' KV against heads kept (one legend entry per strategy and seed)
-    from gather_aggregate.hybridise.shipped import SWEEP_FILE, shipped_sweep
+    from gather_aggregate.studies.hybrids.shipped import SWEEP_FILE, shipped_sweep
     from gather_aggregate.viz.hybrids import hybrid_curves
 
     hybrids = "llama-kvmc" in MODELS and SWEEP_FILE.is_file()

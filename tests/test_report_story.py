@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from gather_aggregate import report as R
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.report import html as R
 from gather_aggregate.viz import head_score_heatmaps, sharp_vs_smooth
 from gather_aggregate.viz.circuit import circuit_diagram, head_name
 from gather_aggregate.viz.curves import ablation_small_multiples

@@ -9,19 +9,24 @@ import stat
 import pytest
 import torch
 
-from gather_aggregate import errors
-from gather_aggregate.experiments import cumulative_ablation, keep_only, layer_pruning, remove_only
-from gather_aggregate.interventions import ablate, run_ablated
-from gather_aggregate.patching import patch_heads
-from gather_aggregate.protocol import count_hooks, param_checksum
-from gather_aggregate.readout import ReadoutMetric
-from gather_aggregate.scan import ScanResult, atp_scan, compare_rankings, exact_scan, naive_scan
+from gather_aggregate.core import errors
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.core.readout import ReadoutMetric
+from gather_aggregate.interventions.ablation import ablate, run_ablated
+from gather_aggregate.scan.exact import ScanResult, atp_scan, compare_rankings, exact_scan, naive_scan
+from gather_aggregate.scan.patching import patch_heads
+from gather_aggregate.studies.ablation_tables import (
+    cumulative_ablation,
+    keep_only,
+    layer_pruning,
+    remove_only,
+)
 
 
 @pytest.fixture(scope="module")
 def setup():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(num_hidden_layers=3, seed=1)
     model = from_hf_model(hf, tok)
@@ -138,7 +143,7 @@ def test_bridge_mixer_at_rows_equals_the_full_attention_or_declines():
     """The bridge's readout-rows attention (GQA, RoPE) equals the full attention output at those rows; an
     architecture it does not know (GPT-2's fused c_attn) gets None, so the scan keeps the full last mixer."""
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_gpt2, tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_gpt2, tiny_llama
 
     hf, tok = tiny_llama(num_hidden_layers=2, seed=3, rope_theta=500.0)
     model = from_hf_model(hf, tok)
@@ -337,7 +342,7 @@ def test_paper_tables_run_and_report_side_by_side(setup):
     resid = model(tokens, stop_at_layer=2)
     with torch.no_grad():
         expected = model.module.unembed(model.module.ln_final(resid))
-    from gather_aggregate.experiments import skip_layer_hooks
+    from gather_aggregate.studies.ablation_tables import skip_layer_hooks
 
     with torch.no_grad(), model.hooks(fwd_hooks=skip_layer_hooks(model, [2])):
         torch.testing.assert_close(model(tokens), expected)

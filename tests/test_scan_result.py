@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gather_aggregate.scan import ScanResult
-from gather_aggregate.scan_result import SHOWN_HTML, SHOWN_TEXT
+from gather_aggregate.scan.exact import ScanResult
+from gather_aggregate.scan.result import SHOWN_HTML, SHOWN_TEXT
 
 
 def _result(n: int, **extra) -> ScanResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.session import analysis, eval_mode
+from gather_aggregate.core.model_state import analysis, eval_mode
 
 
 class SwitchedDropout(torch.nn.Module):
@@ -66,7 +66,7 @@ def test_warnings_point_at_the_users_line_through_the_analysis_wrapper() -> None
     at the caller's line: with fixed stack levels the wrapper added today moved it into ``session.py``."""
     import warnings
 
-    from gather_aggregate.errors import UnknownTokenWarning
+    from gather_aggregate.core.errors import UnknownTokenWarning
     from gather_aggregate.tasks.unknown import warn_if_unknown
 
     class Tok:

@@ -4,7 +4,7 @@ Earlier rounds checked bad *arguments* (test_bad_input, test_argument_types, tes
 test_device_handling); these check *states*: ``torch.no_grad()`` / ``torch.inference_mode()``, a model left in
 ``.train()`` with dropout, frozen parameters and a user's own ``.grad``, a user's own hooks, a
 ``KeyboardInterrupt`` from inside a hook mid-scan, prompts in every form, and results paths that cannot be
-written.  The rules are in :mod:`gather_aggregate.session` and :func:`gather_aggregate.io.check_output_file`.
+written.  The rules are in :mod:`gather_aggregate.core.model_state` and :func:`gather_aggregate.core.results_io.check_output_file`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.session import count_hooks, param_checksum
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.model_state import count_hooks, param_checksum
 
 MODELS = ["llama-kv", "mamba2-ga", "bamba-ga", "mamba1"]  # bridge transformer, Mamba-2, hybrid, Mamba-1
 HEADS = [(0, 0), (0, 1), (1, 0)]
@@ -35,10 +35,10 @@ def _zoo(name):
 def worlds():
     """name -> (model, tokens, metric): the metric a ReadoutMetric of the zoo's KV task, or a plain function."""
     from gather_aggregate import load_model
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
-    from gather_aggregate.loading import from_hf_model
+    from gather_aggregate.models.loading import from_hf_model
     from gather_aggregate.tasks import task_metric
     from gather_aggregate.tasks.registry import get_task
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     out = {}
     for name in MODELS[:3]:
@@ -55,7 +55,7 @@ def _metric(logits):
 
 
 def _estimators(metric):
-    from gather_aggregate.readout import ReadoutMetric
+    from gather_aggregate.core.readout import ReadoutMetric
 
     return ["atp", "ig", "atp*"] + (["atp-softmax", "atp*-softmax"] if isinstance(metric, ReadoutMetric) else [])
 
@@ -65,8 +65,8 @@ def _scores(result):
 
 
 def _estimates(model, tokens, metric):
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import atp_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import atp_scan
 
     out = {e: _scores(attribution_scan(model, tokens, metric, heads=HEADS, estimator=e, steps=2))
            for e in _estimators(metric)}
@@ -79,7 +79,7 @@ def _estimates(model, tokens, metric):
 def test_gradient_estimators_work_under_no_grad_and_inference_mode(worlds, name):
     """Under inference_mode every gradient estimator said "the metric is not differentiable ... not accuracy"
     (a wrong diagnosis); now each re-enables autograd for its own forwards and gives the same numbers."""
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     model, tokens, metric = worlds[name]
     want = _estimates(model, tokens, metric)
@@ -99,7 +99,7 @@ def test_a_model_and_metric_made_under_inference_mode_serve_a_later_gradient_est
     """load_model and task_metric run under inference_mode made inference tensors (the SSMs' parameters, the
     metric's query positions) that a later gradient estimate could not save for backward (a raw RuntimeError)."""
     from gather_aggregate import load_model
-    from gather_aggregate.attribution import attribution_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
     from gather_aggregate.tasks import task_metric
     from gather_aggregate.tasks.registry import get_task
 
@@ -134,9 +134,10 @@ def _flags(model):
 def test_train_mode_with_dropout_gives_eval_results_and_leaves_every_flag_as_it_was(family):
     """A bridge model left in .train() with dropout ran every analysis with dropout: each call gave other numbers.
     Now analyses run in eval mode and put each module's flag back, after errors and interrupts too."""
-    from gather_aggregate import attribution, experiments, interventions, patching, scan
-    from gather_aggregate.loading import from_hf_model
-    from gather_aggregate.testing import tiny_gpt2, tiny_llama
+    from gather_aggregate import attribution, experiments, interventions, scan
+    from gather_aggregate.models.loading import from_hf_model
+    from gather_aggregate.scan import patching
+    from gather_aggregate.testing.tiny_models import tiny_gpt2, tiny_llama
 
     hf, tok = tiny_gpt2(resid_pdrop=0.5, attn_pdrop=0.5, embd_pdrop=0.5) if family == "gpt2" else \
         tiny_llama(attention_dropout=0.5)
@@ -180,8 +181,8 @@ def test_the_lm_eval_model_scores_a_model_left_in_train_mode_as_in_eval_mode():
     changed from call to call.  Now its forwards run in eval mode, and the flags come back."""
     pytest.importorskip("lm_eval", reason="needs the lmeval extra")
     from gather_aggregate.lm_eval.model import GatherAggregateLM
-    from gather_aggregate.loading import from_hf_model
-    from gather_aggregate.testing import tiny_gpt2
+    from gather_aggregate.models.loading import from_hf_model
+    from gather_aggregate.testing.tiny_models import tiny_gpt2
 
     model = from_hf_model(*tiny_gpt2(resid_pdrop=0.5, attn_pdrop=0.5, embd_pdrop=0.5))
     lm = GatherAggregateLM(model=model)
@@ -310,7 +311,7 @@ def _interrupt(logits):
 @pytest.mark.filterwarnings("ignore:hooks. skipped")  # the bridge's hook points its config turns off
 @pytest.mark.parametrize("name", ["mamba2-ga", "llama-kv"])
 def test_an_interrupt_from_a_hook_mid_scan_leaves_the_model_and_a_file_that_resumes_exactly(worlds, name, tmp_path):
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     model, tokens, metric = worlds[name]
     root = getattr(model, "module", model)
@@ -362,8 +363,8 @@ def test_half_precision_models_on_one_short_prompt(name):
     fp16, 6.2% in bf16 (llama-kv, one token): bf16 keeps 8 bits of mantissa), gradient estimates finite,
     patterns float32."""
     from gather_aggregate import load_model
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.scan.exact import exact_scan
 
     ref = load_model(_zoo(name), dtype=torch.float32)
     for dtype, tol in ((torch.float16, 0.03), (torch.bfloat16, 0.12)):
@@ -387,10 +388,10 @@ def test_two_models_interleaved_and_a_freed_one_replaced_keep_nothing_of_each_ot
     same architecture give each its own numbers, and a new model (possibly at a freed one's id) its own."""
     import gc
 
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.loading import from_hf_model
-    from gather_aggregate.scan import exact_scan, naive_scan
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.models.loading import from_hf_model
+    from gather_aggregate.scan.exact import exact_scan, naive_scan
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     tokens = torch.randint(3, 40, (2, 6), generator=torch.Generator().manual_seed(0))
 
@@ -417,8 +418,8 @@ def test_results_paths_that_cannot_be_written_are_refused_before_any_work(worlds
     had its JSON overwritten by its own CSV twin (the resume then failed); a bad out was found only after the
     first chunk's forwards; an --out that is a file said "File exists"; FactWorld.save wrote in place and raised
     raw OSErrors."""
-    from gather_aggregate.io import out_dir, write_table
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.results_io import out_dir, write_table
+    from gather_aggregate.scan.exact import exact_scan
     from gather_aggregate.tasks.facts import FactWorld
 
     model, tokens, _ = worlds["llama-kv"]

@@ -8,9 +8,9 @@ import torch
 from gather_aggregate.adapters import load_ssm
 from gather_aggregate.adapters.implied import mamba1_implied_reference, mamba2_implied_reference
 from gather_aggregate.adapters.masking import mask_heads
-from gather_aggregate.adapters.testing import tiny_hf_ssm
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
-from gather_aggregate.protocol import count_hooks, param_checksum
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.protocol import count_hooks, param_checksum
+from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
 CASES = [("mamba", {}), ("mamba", {"head_size": 4}), ("falcon_mamba", {}), ("mamba2", {})]
 
@@ -128,8 +128,8 @@ def test_bad_masks():
 # ------------------------------------------------------------------ attention heads (same API)
 @pytest.fixture(scope="module")
 def bridge_model():
-    from gather_aggregate.bridge import BridgeModel
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.models.bridge import BridgeModel
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama()
     return BridgeModel.from_hf(hf, tok)
@@ -159,8 +159,8 @@ def test_gated_deltanet_heads_are_masked_as_the_sequential_oracle_says():
     the logits equal a forward whose ``hook_y`` holds the oracle's output."""
     from gather_aggregate import from_hf_model
     from gather_aggregate.adapters.delta_rule import prepare_qk
-    from gather_aggregate.adapters.families_testing import tiny_hf_qwen3_next
     from gather_aggregate.adapters.gated_deltanet import masked_delta_rule_ref
+    from gather_aggregate.testing.tiny_families import tiny_hf_qwen3_next
 
     m = from_hf_model(tiny_hf_qwen3_next(2, linear_num_value_heads=4, linear_num_key_heads=2))
     before = param_checksum(m)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gather_aggregate.cli import main
-from gather_aggregate.errors import GAError, InputError, TaskError
+from gather_aggregate.cli.parser import main
+from gather_aggregate.core.errors import GAError, InputError, TaskError
 from gather_aggregate.tasks import annotate
 from gather_aggregate.tasks.taskfile import load_factory, read_task_file
 
@@ -35,7 +35,7 @@ def _write(tmp_path, *lines, name="t.jsonl"):
 
 # ---- the schema: annotation --------------------------------------------------------------------------------
 def test_example_file_annotates_char_spans_to_token_spans():
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     tok = bpe_tokenizer()
     task = read_task_file(EXAMPLE)
@@ -56,7 +56,7 @@ def test_example_file_annotates_char_spans_to_token_spans():
 
 def test_offsets_by_incremental_decoding_match_the_offset_mapping():
     """A tokenizer without an offset mapping gets the same token spans from incremental decoding."""
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     tok = bpe_tokenizer()
 
@@ -135,7 +135,7 @@ def test_duplicate_fields_byte_order_marks_unicode_separators_and_directories(tm
 
 def test_task_counts_and_tokenizer_arguments_are_checked():
     from gather_aggregate.tasks import get_task
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     kv = get_task("kv", n_pairs=2)
     with pytest.raises(TaskError, match="n=2.5: ask for at least one prompt"):  # was a TypeError from range()
@@ -150,7 +150,7 @@ def test_task_counts_and_tokenizer_arguments_are_checked():
 def test_tokenizer_checks_name_line_and_field(tmp_path):
     """A candidate the tokenizer cannot read (<unk>) or two candidates with one first token are refused."""
     from gather_aggregate.tasks import word_level_tokenizer
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     good = _line()
     tok = word_level_tokenizer([good["prompt"], *good["candidates"]])
@@ -169,7 +169,7 @@ def test_tokenizer_checks_name_line_and_field(tmp_path):
 
 
 def test_cli_errors_before_the_model_loads(tiny_llama_dir, tmp_path, monkeypatch, capsys):
-    import gather_aggregate.loading as loading
+    import gather_aggregate.models.loading as loading
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the task was checked")
@@ -219,7 +219,7 @@ def factory_module(tmp_path, monkeypatch):
 
 
 def test_factory_results(factory_module, monkeypatch):
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     tok = bpe_tokenizer()
     ref = read_task_file(EXAMPLE).examples(tok)

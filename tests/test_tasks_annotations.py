@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gather_aggregate.errors import TaskError
+from gather_aggregate.core.errors import TaskError
 from gather_aggregate.tasks import (
     MQAR,
     FactsTask,
@@ -41,7 +41,7 @@ def all_tasks():
 
 @pytest.fixture(scope="module")
 def bpe():
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     return bpe_tokenizer()
 

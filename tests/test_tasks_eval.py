@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from gather_aggregate.errors import ContextLengthError, InputError, TaskError
+from gather_aggregate.core.errors import ContextLengthError, InputError, TaskError
 from gather_aggregate.tasks import (
     FactsTask,
     FactWorld,
@@ -47,7 +47,7 @@ def _word_tok():
 @pytest.fixture(scope="module")
 def word_model():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     tok = _word_tok()
     hf, _ = tiny_llama(seed=1, tokenizer=tok, vocab_size=len(tok))
@@ -57,7 +57,7 @@ def word_model():
 @pytest.fixture(scope="module")
 def bpe_model():
     from gather_aggregate import from_hf_model
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     hf, tok = tiny_llama(seed=2)
     return from_hf_model(hf, tok)
@@ -159,7 +159,7 @@ def test_accuracy_of_an_oracle_and_of_a_wrong_oracle():
 
 # ----------------------------------------------------------------- hooks
 def test_hooks_change_results_and_are_removed(word_model):
-    from gather_aggregate.protocol import count_hooks
+    from gather_aggregate.core.protocol import count_hooks
 
     exs = KVRetrieval(n_pairs=5).examples(word_model.tokenizer, 4)
     name, axis = word_model.head_hook(0)

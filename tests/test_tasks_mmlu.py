@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from gather_aggregate.errors import GAWarning, TaskError
+from gather_aggregate.core.errors import GAWarning, TaskError
 from gather_aggregate.tasks import MMLUItem, MMLUTask, load_mmlu
 from gather_aggregate.tasks.mmlu import SAMPLE_PATH
 

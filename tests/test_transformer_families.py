@@ -1,6 +1,6 @@
 """Decoder families beyond Llama, each checked against HF itself (not against our own code).
 
-Per family (tiny random fp32 models of :data:`gather_aggregate.testing.TINY_FAMILIES`, the user's model built with
+Per family (tiny random fp32 models of :data:`gather_aggregate.testing.tiny_models.TINY_FAMILIES`, the user's model built with
 HF's default attention, the reference its weights in an eager model): (a) logits, (b) per-query-head patterns against HF's
 ``output_attentions``, (c) zero and mean ablation of one head against a pre-hook on HF's output projection that
 rewrites that head's slice of its input, (d) the exact scan's scores (plain and read-out metrics) against those
@@ -14,8 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gather_aggregate.protocol import count_hooks
-from gather_aggregate.testing import TINY_FAMILIES, bpe_tokenizer, hf_head_inputs, hf_logits, tiny_transformer
+from gather_aggregate.core.protocol import count_hooks
+from gather_aggregate.testing.tiny_models import (
+    TINY_FAMILIES,
+    bpe_tokenizer,
+    hf_head_inputs,
+    hf_logits,
+    tiny_transformer,
+)
 
 FAMILIES = list(TINY_FAMILIES)
 TOL = 1e-4
@@ -71,7 +77,7 @@ def test_logits_and_per_head_patterns_match_hf(family, built):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_zero_and_mean_ablation_match_hf(family, built):
-    from gather_aggregate.interventions import run_ablated
+    from gather_aggregate.interventions.ablation import run_ablated
 
     _, ref, model, _, _ = built(family)
     toks, reference = _tokens(model.d_vocab, 2, 1), _tokens(model.d_vocab, 3, 2)
@@ -87,8 +93,8 @@ def test_zero_and_mean_ablation_match_hf(family, built):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_exact_scan_scores_are_hf_ablation_drops(family, built):
-    from gather_aggregate.readout import ReadoutMetric
-    from gather_aggregate.scan import exact_scan
+    from gather_aggregate.core.readout import ReadoutMetric
+    from gather_aggregate.scan.exact import exact_scan
 
     _, ref, model, _, _ = built(family)
     toks = _tokens(model.d_vocab, 2, 3)
@@ -111,7 +117,7 @@ def test_exact_scan_scores_are_hf_ablation_drops(family, built):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_resumed_runs_equal_full_runs(family, built):
-    from gather_aggregate import layer_resume
+    from gather_aggregate.interventions import layer_resume
 
     _, _, model, _, _ = built(family)
     toks = _tokens(model.d_vocab, 2, 4)
@@ -138,9 +144,9 @@ def test_resumed_runs_equal_full_runs(family, built):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_detector_task_attribution_and_patching_run(family, built, tok):
-    from gather_aggregate.attribution import attribution_scan
-    from gather_aggregate.detect import find_ga_heads
-    from gather_aggregate.patching import patch_heads
+    from gather_aggregate.attribution.estimators import attribution_scan
+    from gather_aggregate.detect.detector import find_ga_heads
+    from gather_aggregate.scan.patching import patch_heads
     from gather_aggregate.tasks.kv import KVRetrieval
 
     _, ref, model, _, _ = built(family)
@@ -184,7 +190,7 @@ def test_users_model_untouched_and_no_hook_left(family, built):
 def test_load_model_from_a_directory_matches_hf(family, built, tmp_path):
     """``load_model`` (HF's default attention at load) gives HF's eager logits and patterns too."""
     from gather_aggregate import load_model
-    from gather_aggregate.testing import save_model_dir
+    from gather_aggregate.testing.tiny_models import save_model_dir
 
     hf, ref, _, _, _ = built(family)
     model = load_model(save_model_dir(hf, built(family)[2].tokenizer, tmp_path))
@@ -201,7 +207,7 @@ def test_bloom_is_refused_before_its_weights_load(tmp_path, tok):
     import transformers
 
     from gather_aggregate import from_hf_model, load_model
-    from gather_aggregate.errors import UnsupportedModelError
+    from gather_aggregate.core.errors import UnsupportedModelError
 
     hf = transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=len(tok), hidden_size=32, n_layer=2,
                                                                 n_head=4))
@@ -221,8 +227,8 @@ def test_a_config_the_bridge_cannot_build_is_one_clear_error(tok, monkeypatch):
     import transformers
 
     from gather_aggregate import from_hf_model
-    from gather_aggregate.bridge import INEXACT_CONFIGS
-    from gather_aggregate.errors import UnsupportedModelError
+    from gather_aggregate.core.errors import UnsupportedModelError
+    from gather_aggregate.models.bridge import INEXACT_CONFIGS
 
     hf = transformers.FalconForCausalLM(transformers.FalconConfig(
         vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
@@ -246,13 +252,13 @@ def test_a_config_the_bridge_cannot_build_is_one_clear_error(tok, monkeypatch):
     ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 4}, "new_decoder_architecture=True")])
 def test_config_values_the_bridge_does_not_reproduce_are_refused(tmp_path, tok, family, overrides, named):
     """Config values TL 4.3's bridge does not reproduce are refused, in memory and from disk, with one line naming
-    the field; the config fuzz (``adapters/config_fuzz.py``) drew each.  GPT-2 without score scaling (TL always
+    the field; the config fuzz (``gather_aggregate/testing/fuzz/draws.py``) drew each.  GPT-2 without score scaling (TL always
     divides by sqrt(d_head): logits 4.7e-4 off HF's), Gemma 3 with attention soft-capping (TL does not cap: logits
     0.8 to 3.3 off), Falcon's new decoder layout with a KV head per query head (0.15 and 0.24 off); GPT-NeoX
     without the qkv bias, Phi with q/k LayerNorms, OPT's post-LN layout and Falcon's new decoder layout with grouped
     KV heads or without ln_attn / ln_mlp fail inside TL."""
     from gather_aggregate import from_hf_model, load_model
-    from gather_aggregate.errors import UnsupportedModelError
+    from gather_aggregate.core.errors import UnsupportedModelError
 
     hf, _ = tiny_transformer(family, tokenizer=tok, **overrides)
     with pytest.raises(UnsupportedModelError, match=named) as err:

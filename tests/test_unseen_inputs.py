@@ -18,7 +18,7 @@ from error_checks import one_line as _one_line
 from safetensors.torch import load_file
 
 from gather_aggregate import load_model
-from gather_aggregate.errors import (
+from gather_aggregate.core.errors import (
     CheckpointError,
     GAError,
     InputError,
@@ -31,15 +31,15 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def tok():
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     return bpe_tokenizer()
 
 
 def _hf(family: str, vocab: int, **kw):
-    from gather_aggregate.adapters.hybrid_testing import tiny_hf_hybrid
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_hybrids import tiny_hf_hybrid
+    from gather_aggregate.testing.tiny_models import tiny_llama
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     if family == "llama":
         return tiny_llama(seed=2, vocab_size=vocab, **kw)[0]
@@ -75,9 +75,9 @@ def _save(hf, tok, d, form: str):
 @pytest.mark.parametrize("family", ["llama", "mamba", "mamba2", "bamba"])
 @pytest.mark.parametrize("form", ["sharded", "pytorch_model.bin", "bf16", "torch_dtype", "tied"])
 def test_checkpoint_forms_load_exactly_and_run_the_everyday_workflow(tmp_path, tok, family, form):
-    from gather_aggregate.interventions import ablate, run_ablated
-    from gather_aggregate.scan import exact_scan
-    from gather_aggregate.session import count_hooks, param_checksum
+    from gather_aggregate.core.model_state import count_hooks, param_checksum
+    from gather_aggregate.interventions.ablation import ablate, run_ablated
+    from gather_aggregate.scan.exact import exact_scan
 
     ref = _save(_hf(family, len(tok), **({"tie_word_embeddings": True} if form == "tied" else {})), tok, tmp_path,
                 form)
@@ -283,7 +283,7 @@ def test_base_models_without_an_lm_head_and_meta_models_are_named(tmp_path, tok,
 def test_git_lfs_pointers_in_place_of_weights_or_tokenizer_say_git_lfs_pull(tmp_path, tok):
     """A repository cloned without git-lfs holds ~130-byte text stubs: they were "damaged or truncated", torch's advice
     to retry with weights_only=False (a .bin), or "Expecting value: line 1 column 1" (tokenizer.json)."""
-    from gather_aggregate.errors import TokenizerMissingError
+    from gather_aggregate.core.errors import TokenizerMissingError
 
     pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 12345\n"
     for family in ("llama", "mamba2"):

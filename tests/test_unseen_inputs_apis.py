@@ -10,7 +10,7 @@ import pytest
 import torch
 from error_checks import one_line as _one_line
 
-from gather_aggregate.errors import InputError, ModelLoadError, UnsupportedModelError
+from gather_aggregate.core.errors import InputError, ModelLoadError, UnsupportedModelError
 
 TOL = 1e-4
 
@@ -84,9 +84,9 @@ def test_hybridise_sizes_are_whole_numbers(llama_teacher, kwargs, needle):
 
 
 def test_hybridise_refuses_what_it_cannot_convert_by_name(tmp_path, llama_teacher, tiny_gpt2_dir):
-    from gather_aggregate.adapters.testing import tiny_hf_ssm
     from gather_aggregate.hybridise import hybridise
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
+    from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
     cases = [(tiny_gpt2_dir, UnsupportedModelError, "takes a Llama-family transformer .*got 'gpt2'"),
              (tiny_hf_ssm("mamba2"), UnsupportedModelError, "got 'mamba2'"),
@@ -117,7 +117,7 @@ def test_hybridise_refuses_what_it_cannot_convert_by_name(tmp_path, llama_teache
 ])
 def test_lm_eval_model_args_are_checked_before_the_model_loads(tiny_llama_dir, monkeypatch, args, needle):
     pytest.importorskip("lm_eval", reason="needs the lmeval extra")
-    import gather_aggregate.loading as loading
+    import gather_aggregate.models.loading as loading
     from gather_aggregate.lm_eval.model import GatherAggregateLM
 
     def never(*a, **k):
@@ -141,9 +141,9 @@ def test_lm_eval_model_args_are_checked_before_the_model_loads(tiny_llama_dir, m
 ])
 @pytest.mark.parametrize("job", ["exact_scan", "ablation_sweep"])
 def test_ray_options_are_checked_before_any_cluster_starts(llama_model, monkeypatch, job, kwargs, needle):
-    import gather_aggregate.distributed as distributed
-    from gather_aggregate.experiments import ablation_sweep
-    from gather_aggregate.scan import exact_scan
+    import gather_aggregate.scan.distributed as distributed
+    from gather_aggregate.scan.exact import exact_scan
+    from gather_aggregate.studies.ablation_tables import ablation_sweep
 
     def no_cluster():
         raise AssertionError("a Ray cluster was started before the options were checked")
@@ -165,7 +165,7 @@ def test_ray_options_are_checked_before_any_cluster_starts(llama_model, monkeypa
 @pytest.mark.parametrize("shard_size, needle", [(0, "shard_size must be at least 1"),  # range() arg 3 must not be 0
                                                 (2.5, "shard_size must be an integer")])  # TypeError
 def test_ablation_sweep_shard_size(llama_model, shard_size, needle):
-    from gather_aggregate.experiments import ablation_sweep
+    from gather_aggregate.studies.ablation_tables import ablation_sweep
 
     with pytest.raises(InputError, match=needle):
         ablation_sweep(llama_model, torch.tensor([[1, 5, 9]]), lambda lg: lg[:, -1, 3].mean(), [[(0, 1)]],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gather_aggregate.cli import COMMANDS, main
+from gather_aggregate.cli.parser import COMMANDS, main
 
 
 def _run(argv, capsys):
@@ -27,7 +27,7 @@ def test_every_subcommand_answers_help(argv, capsys):
 
 @pytest.fixture
 def no_model_loads(monkeypatch):
-    import gather_aggregate.loading as loading
+    import gather_aggregate.models.loading as loading
 
     def never(*a, **k):
         raise AssertionError("a model loaded before the options were checked")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
 
 
 def _tiny(kind: str):
@@ -24,8 +24,8 @@ def _tiny(kind: str):
 @pytest.mark.parametrize("kind", ["rwkv", "recurrent_gemma", "lfm2"])
 def test_recurrent_architectures_the_bridge_wraps_are_refused(kind, tmp_path):
     from gather_aggregate import from_hf_model, load_model
-    from gather_aggregate.bridge import supported_architectures
-    from gather_aggregate.testing import bpe_tokenizer
+    from gather_aggregate.models.bridge import supported_architectures
+    from gather_aggregate.testing.tiny_models import bpe_tokenizer
 
     hf = _tiny(kind)
     assert type(hf).__name__ in supported_architectures()  # TL's bridge would take it
@@ -40,7 +40,7 @@ def test_recurrent_architectures_the_bridge_wraps_are_refused(kind, tmp_path):
 
 
 def test_layouts_with_non_attention_layers_are_refused_and_attention_only_ones_pass():
-    from gather_aggregate.support import non_attention_layers, refuse_unservable
+    from gather_aggregate.models.supported import non_attention_layers, refuse_unservable
 
     refuse_unservable({"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"]})
     refuse_unservable({"model_type": "llama"})
@@ -56,7 +56,7 @@ def test_the_docs_table_lists_exactly_the_served_model_types():
     import re
     from pathlib import Path
 
-    from gather_aggregate.support import served_model_types
+    from gather_aggregate.models.supported import served_model_types
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "api_ssm.md").read_text()
     table = text.split("| `model_type` | family | hooked class |", 1)[1].split("\n\n", 1)[0]

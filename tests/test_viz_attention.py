@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
 from gather_aggregate.viz import attention_heads, attention_pattern, attention_row_view, fit_pattern
 from gather_aggregate.viz.assets import circuitsvis_js, json_for_script, script_safe
 from gather_aggregate.viz.synthetic import kv_prompt, mamba2_implied_pattern, softmax_pattern

@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
-from gather_aggregate.metrics import row_entropy, top1_mass
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.sharpness import row_entropy, top1_mass
 from gather_aggregate.viz import (
     cumulative_ablation_curve,
     head_score_heatmap,
@@ -167,7 +167,7 @@ def test_cumulative_ablation_curve():
 
 
 def test_curves_read_the_wide_tables_of_experiments():
-    # the shape gather_aggregate.experiments.cumulative_ablation writes: one column per task set
+    # the shape gather_aggregate.studies.ablation_tables.cumulative_ablation writes: one column per task set
     ranking = [[4, 3], [2, 1], [0, 5]]
     rows = [{"k": k, "n_removed": k, "heads": ranking[:k], "kv": kv, "knowledge": kn}
             for k, kv, kn in [(0, 0.97, 0.81), (1, 0.52, 0.80), (2, 0.11, 0.79), (3, 0.10, 0.78)]]

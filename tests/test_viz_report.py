@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from gather_aggregate import report as R
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.report import html as R
 from gather_aggregate.viz import (
     attention_heads,
     attention_row_view,

@@ -1,7 +1,7 @@
 """Claims a-d of the paper, measured on the shipped toy zoo (numbers and history in docs/results.md).
 
 Every head named here comes from the model's own exact scan and Gather/Aggregate
-scores (``gather_aggregate.claims``); nothing is hard-coded.
+scores (``gather_aggregate.studies.claims``); nothing is hard-coded.
 
 What the shipped zoo reproduces, and what it does not (see docs/results.md):
 
@@ -54,7 +54,7 @@ class _Measured(dict):
     """``measure_model`` results, each computed on first use (a default run measures only the core models)."""
 
     def __missing__(self, name: str) -> dict:
-        from gather_aggregate.claims import measure_model
+        from gather_aggregate.studies.claims import measure_model
 
         self[name] = measure_model(name, ZOO[name], n=N)
         return self[name]
@@ -307,7 +307,7 @@ def test_b_weaker_ssm_letter_mc_rests_on_one_head_that_knowledge_and_kv_do_not_n
     (to ~0.4 measured), so the paper's letter-vs-content dissociation is *not* reproduced: this head serves
     both multiple-choice formats, not letter retrieval alone."""
     from gather_aggregate import load_model
-    from gather_aggregate.claims import random_baseline, task_sets
+    from gather_aggregate.studies.claims import random_baseline, task_sets
 
     r = measured["mamba2-mc"]
     k1 = next(row for row in r["by_task"]["letter-mc"]["cumulative"] if row["k"] == 1)

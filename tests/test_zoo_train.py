@@ -302,7 +302,7 @@ def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
 
 
 def test_ablate_heads_changes_outputs_only_inside_the_block(tmp_path):
-    from gather_aggregate.testing import tiny_llama
+    from gather_aggregate.testing.tiny_models import tiny_llama
 
     model, _ = tiny_llama(vocab_size=50)
     x = torch.randint(0, 50, (2, 7))

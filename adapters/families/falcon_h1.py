@@ -51,8 +51,8 @@ from gather_aggregate.adapters.hybrid_config import HybridConfig, attention_dims
 from gather_aggregate.adapters.hybrid_convert import decoder_checkpoint_key
 from gather_aggregate.adapters.mixers import Mamba2Mixer, RMSNorm, SSMMixer
 from gather_aggregate.adapters.model import HookedSSM
-from gather_aggregate.errors import UnsupportedModelError
-from gather_aggregate.protocol import LayerInfo
+from gather_aggregate.core.errors import UnsupportedModelError
+from gather_aggregate.core.protocol import LayerInfo
 
 MODEL_TYPE = "falcon_h1"
 

@@ -32,7 +32,7 @@ from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.streaming import TensorSource
-from gather_aggregate.errors import UnsupportedModelError
+from gather_aggregate.core.errors import UnsupportedModelError
 
 MODEL_TYPE = "nemotron_h"
 _MIXERS = {"linear_attention": "ssm", "mamba": "ssm", "full_attention": "attn", "attention": "attn"}

@@ -41,9 +41,9 @@ from gather_aggregate.adapters.hybrid import HookedHybrid, MixerBlock
 from gather_aggregate.adapters.hybrid_config import HybridConfig, attention_dims, rope_of
 from gather_aggregate.adapters.mixers import RMSNorm
 from gather_aggregate.adapters.streaming import TensorSource
-from gather_aggregate.checks import is_cache
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import LayerInfo, resolve_rows
+from gather_aggregate.core.arguments import is_cache
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.protocol import LayerInfo, resolve_rows
 
 MODEL_TYPE = "qwen3_next"
 

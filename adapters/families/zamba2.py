@@ -44,7 +44,7 @@ from gather_aggregate.adapters.hybrid_config import HybridConfig, first_int, rop
 from gather_aggregate.adapters.mixers import RMSNorm, make_mixer
 from gather_aggregate.adapters.placement import refuse_split
 from gather_aggregate.adapters.streaming import TensorSource, tensors_equal
-from gather_aggregate.errors import CheckpointError, InputError, UnsupportedModelError
+from gather_aggregate.core.errors import CheckpointError, InputError, UnsupportedModelError
 
 
 def zamba2_config_from_hf(hf_config: Any) -> HybridConfig:

@@ -28,7 +28,7 @@ def require_lm_eval() -> None:
     try:
         import lm_eval  # noqa: F401
     except ImportError:
-        from gather_aggregate.errors import InputError
+        from gather_aggregate.core.errors import InputError
 
         raise InputError("lm-eval is not installed; pip install 'gather-aggregate[lmeval]' "
                          "(or pip install lm-eval==0.4.13)") from None

@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.io import atomic_write_text
+from gather_aggregate.core.results_io import atomic_write_text
 
 UTILS_PY = '''"""Loader for the JSON files beside these task YAMLs (written by gather_aggregate.lm_eval.export)."""
 

@@ -2,8 +2,8 @@
 
 An :class:`Intervention` is parsed from lm-eval ``--model_args`` strings and
 turned into forward hooks for any protocol model (the project's own
-:func:`~gather_aggregate.interventions.ablation_hooks` and
-:func:`~gather_aggregate.experiments.skip_layer_hooks`), so a benchmark run and
+:func:`~gather_aggregate.interventions.ablation.ablation_hooks` and
+:func:`~gather_aggregate.studies.ablation_tables.skip_layer_hooks`), so a benchmark run and
 this project's ``evaluate`` apply exactly the same edit.
 
 * ``ablate=L16H22;L17H24`` (or ``16.22;17.24``): these heads are ablated;
@@ -40,12 +40,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.interventions import METHODS, Replacement, ablation_hooks, group_by_layer, heads_except
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.interventions.ablation import (
+    METHODS,
+    Replacement,
+    ablation_hooks,
+    group_by_layer,
+    heads_except,
+)
 from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers, whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.protocol import HookedModel
+    from gather_aggregate.core.protocol import HookedModel
 
 
 def reference_prompts(reference: str, model_dir: str | None, n: int, seed: int = 0) -> list[str]:
@@ -66,7 +72,7 @@ def reference_prompts(reference: str, model_dir: str | None, n: int, seed: int =
         if not prompts:
             raise InputError(f"{path} holds no reference prompts")
         return prompts[:n]
-    from gather_aggregate.errors import TaskError
+    from gather_aggregate.core.errors import TaskError
     from gather_aggregate.tasks.registry import get_task
 
     directory = model_dir if model_dir is not None and Path(model_dir).is_dir() else None
@@ -142,7 +148,7 @@ class Intervention:
 
     def hooks(self, model: HookedModel, model_dir: str | None = None) -> list[tuple[str, Callable[..., Any]]]:
         """Forward hooks implementing this intervention on ``model`` (reference outputs computed here, once)."""
-        from gather_aggregate.experiments import skip_layer_hooks
+        from gather_aggregate.studies.ablation_tables import skip_layer_hooks
 
         hooks: list[tuple[str, Callable[..., Any]]] = []
         heads = self.removed_heads(model)

@@ -46,14 +46,14 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.model_state import eval_mode
 from gather_aggregate.lm_eval.intervention import Intervention
 from gather_aggregate.lm_eval.spec import whole_number
-from gather_aggregate.session import eval_mode
 from gather_aggregate.zoo import resolve_model_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gather_aggregate.protocol import HookedModel
+    from gather_aggregate.core.protocol import HookedModel
 
 #: ``chat_template=default``: each message as ``Role: content`` followed by a blank line, then ``Assistant:``
 DEFAULT_CHAT_TEMPLATE = (
@@ -106,7 +106,7 @@ class GatherAggregateLM(TemplateLM):
         intervention = intervention or Intervention.from_args(ablate, keep, prune, method, reference, n_reference,
                                                               seed)
         if model is None:
-            from gather_aggregate.loading import load_model
+            from gather_aggregate.models.loading import load_model
 
             pretrained = resolve_model_path(str(pretrained))
             extra = {} if head_size is None else {"head_size": whole_number(head_size, "head_size", 1)}

@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.io import read_json
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.results_io import read_json
 from gather_aggregate.lm_eval.spec import Head, format_heads, parse_heads, parse_layers, whole_number
+from gather_aggregate.report.lm_eval_sections import markdown_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.lm_eval.intervention import Intervention
@@ -146,39 +147,9 @@ def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, In
     return rows
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """Wide table: one line per (task, format), one column per setting (``value (rel %)``)."""
-    labels = list(dict.fromkeys(r["setting"] for r in rows))
-    keys = list(dict.fromkeys((r["task"], r["format"], r["metric"]) for r in rows))
-    cell = {(r["task"], r["format"], r["setting"]): r for r in rows}
-    lines = ["| task | format | metric | " + " | ".join(labels) + " |", "|---" * (3 + len(labels)) + "|"]
-    for task, fmt, metric in keys:
-        parts = []
-        for label in labels:
-            r = cell.get((task, fmt, label))
-            if r is None:
-                parts.append("")
-                continue
-            rel = r["rel_change"]
-            rel_txt = "" if rel is None or label == labels[0] else f" ({rel:+.0%})"
-            parts.append(f"{r['value']:.3g}{rel_txt}")
-        lines.append(f"| {task} | {fmt} | {metric.split(',')[0]} | " + " | ".join(parts) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def report_sections(data: dict[str, Any]) -> list[Any]:
-    """Report sections for a written ``lm_eval.json``: the wide table and the run's settings."""
-    from gather_aggregate.report import KeyValues, Markdown
-
-    rows = data.get("rows", [])
-    meta = data.get("meta", {})
-    return [Markdown(markdown_table(rows), title="lm-eval: tasks x heads removed"),
-            KeyValues({k: str(v) for k, v in meta.items()}, title="lm-eval settings")]
-
-
 def cmd_lm_eval(args: argparse.Namespace) -> int:
     """``gather-aggregate lm-eval``."""
-    from gather_aggregate.io import atomic_write_text, write_table
+    from gather_aggregate.core.results_io import atomic_write_text, write_table
     from gather_aggregate.lm_eval import register
     from gather_aggregate.zoo import resolve_model_path
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 Head = tuple[int, int]
 _HEAD = re.compile(r"^(?:L(\d+)H(\d+)|(\d+)\.(\d+))$", re.IGNORECASE)

@@ -7,7 +7,7 @@ answer candidates); see :mod:`gather_aggregate.tasks.base` for the conventions.
 
 from __future__ import annotations
 
-from gather_aggregate.protocol import pad_id_of
+from gather_aggregate.core.protocol import pad_id_of
 from gather_aggregate.tasks.base import (
     Batch,
     Example,

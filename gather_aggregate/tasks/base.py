@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gather_aggregate.errors import ContextLengthError, InputError, TaskError
+from gather_aggregate.core.errors import ContextLengthError, InputError, TaskError
 
 if TYPE_CHECKING:  # pragma: no cover
     from jaxtyping import Bool, Int
@@ -152,7 +152,7 @@ class Task(Protocol):
 def check_count(n: Any, what: str = "prompt") -> int:
     """``n`` of a task's ``specs``/``examples``: a positive int (a float such as 2.5 or a bool is refused, not
     truncated)."""
-    from gather_aggregate.indices import is_index
+    from gather_aggregate.core.indices import is_index
 
     if not is_index(n) or int(n) < 1:
         raise TaskError(f"n={n!r}: ask for at least one {what} (a positive whole number)")
@@ -470,7 +470,7 @@ def check_examples(examples: Any, what: str = "examples") -> list[Any]:
 
 def check_indices(answer: Any, correct: Any, n_candidates: int, n_segments: int, where: str) -> None:
     """``answer`` indexes 2+ candidates (else accuracy is silently 0 or 1), ``correct`` the segments or is -1."""
-    from gather_aggregate.indices import is_index
+    from gather_aggregate.core.indices import is_index
 
     if n_candidates < 2 or not is_index(answer) or not 0 <= int(answer) < n_candidates:
         raise TaskError(f"{where}: answer={answer!r} must index one of two or more candidates (0..{n_candidates - 1});"

@@ -14,7 +14,7 @@ A prediction is the candidate with the highest continuation log-probability
 * the paper's own code: one forward per (prompt, candidate)
   (:func:`score_per_candidate`, kept as the reference and benchmark anchor).
 
-Works with any object following :mod:`gather_aggregate.protocol`: it calls
+Works with any object following :mod:`gather_aggregate.core.protocol`: it calls
 ``model(tokens)`` for logits and ``model.hooks(fwd_hooks=...)`` for hooks.
 """
 
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gather_aggregate.errors import InputError, TaskError
-from gather_aggregate.indices import as_index
-from gather_aggregate.protocol import HookedModel, pad_id_of
-from gather_aggregate.session import analysis
+from gather_aggregate.core.errors import InputError, TaskError
+from gather_aggregate.core.indices import as_index
+from gather_aggregate.core.model_state import analysis
+from gather_aggregate.core.protocol import HookedModel, pad_id_of
 from gather_aggregate.tasks.base import Batch, Example, check_context, check_count, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
 
@@ -149,7 +149,7 @@ def _forward(model: HookedModel, batch: Batch, fwd_hooks: Hooks | HookFactory) -
     if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):  # was "'int' object is not iterable"
         raise InputError(f"fwd_hooks: a hook factory must return a list of (hook_name, fn) pairs, got "
                          f"{type(made).__name__}")
-    hooks = list(made)  # their names and returns are checked by model.hooks (gather_aggregate.hook_checks)
+    hooks = list(made)  # their names and returns are checked by model.hooks (gather_aggregate.core.hook_names)
     ctx = model.hooks(fwd_hooks=hooks) if hooks else nullcontext()
     with ctx:
         return _logits(model, batch.tokens)
@@ -230,7 +230,7 @@ def evaluate(
     continuations too (for checks and benchmarks).  Prompts that tokenise to
     more than 5% unknown tokens raise an ``UnknownTokenWarning``.
     """
-    from gather_aggregate.checks import check_model, count
+    from gather_aggregate.core.arguments import check_model, count
 
     check_model(model, needs=("__call__", "hooks"))
     batch_size, seed = count(batch_size, "batch_size"), as_index(seed, "seed")

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gather_aggregate.errors import TaskError
-from gather_aggregate.io import atomic_write_text, read_json
+from gather_aggregate.core.errors import TaskError
+from gather_aggregate.core.results_io import atomic_write_text, read_json
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 from gather_aggregate.tasks.spec_check import check_whole_numbers
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 from gather_aggregate.tasks.base import Example, _encode
 
 
@@ -48,7 +48,7 @@ def check_tokenizer(examples: Sequence[Example], tokenizer: Any) -> None:
 def _check_padding(i: int, ids: list[int], got: list[int], tokenizer: Any) -> None:
     """An example whose ids are its prompt's ids with padding before (a left-padded batch row) or after them is
     refused as such (not as another tokenizer's): the tools pad batches themselves, on the right."""
-    from gather_aggregate.protocol import pad_id_of
+    from gather_aggregate.core.protocol import pad_id_of
 
     pad, extra = pad_id_of(tokenizer), len(got) - len(ids)
     if extra <= 0:

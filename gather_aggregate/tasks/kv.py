@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gather_aggregate.errors import TaskError
+from gather_aggregate.core.errors import TaskError
 from gather_aggregate.tasks.base import IndexedTask, PromptSpec
 from gather_aggregate.tasks.facts import shipped_words
 from gather_aggregate.tasks.spec_check import check_whole_numbers, check_word_lists

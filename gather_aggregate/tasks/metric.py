@@ -6,17 +6,17 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.protocol import pad_id_of
-from gather_aggregate.session import outside_inference_mode
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.model_state import outside_inference_mode
+from gather_aggregate.core.protocol import pad_id_of
 from gather_aggregate.tasks.base import Example, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
-    from gather_aggregate.protocol import HookedModel
-    from gather_aggregate.readout import ReadoutMetric
+    from gather_aggregate.core.protocol import HookedModel
+    from gather_aggregate.core.readout import ReadoutMetric
 
 
 def task_metric(model: HookedModel, examples: Sequence[Example],
@@ -26,14 +26,14 @@ def task_metric(model: HookedModel, examples: Sequence[Example],
     Multi-token candidates are scored on their first token here (the scan
     needs one forward per ablation); :func:`gather_aggregate.tasks.evaluate`
     scores full continuations.  The metric is a
-    :class:`~gather_aggregate.readout.ReadoutMetric` at each prompt's query
+    :class:`~gather_aggregate.core.readout.ReadoutMetric` at each prompt's query
     position, so scans finish their forwards there only, and it keeps the
     value per prompt, so exact scans report each head's standard error.
     """
     import torch
 
-    from gather_aggregate.checks import check_model
-    from gather_aggregate.readout import ReadoutMetric
+    from gather_aggregate.core.arguments import check_model
+    from gather_aggregate.core.readout import ReadoutMetric
     from gather_aggregate.tasks.evaluate import correct_logprob, logit_diff
 
     check_model(model)

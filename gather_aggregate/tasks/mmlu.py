@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gather_aggregate.errors import GAWarning, TaskError, warn
+from gather_aggregate.core.errors import GAWarning, TaskError, warn
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 from gather_aggregate.tasks.facts import LETTERS
 from gather_aggregate.tasks.spec_check import check_whole_numbers
@@ -147,7 +147,7 @@ def load_mmlu(source: str | os.PathLike[str] = "auto", *, split: str = "test",
 
     ``subjects`` keeps only those subjects (``cais/mmlu`` config names such as
     ``"astronomy"``).  ``"auto"`` falls back to the sample, with a
-    :class:`~gather_aggregate.errors.GAWarning`, when offline or when the hub
+    :class:`~gather_aggregate.core.errors.GAWarning`, when offline or when the hub
     cannot be reached (``"sample"`` chooses it without one).
     """
     src = str(source)

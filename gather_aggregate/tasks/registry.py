@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from gather_aggregate.errors import TaskError
+from gather_aggregate.core.errors import TaskError
 from gather_aggregate.tasks.base import Task
 from gather_aggregate.tasks.facts import FactFormat, FactsTask, FactWorld
 from gather_aggregate.tasks.kv import KVRetrieval

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gather_aggregate.errors import TaskError
-from gather_aggregate.indices import is_index
+from gather_aggregate.core.errors import TaskError
+from gather_aggregate.core.indices import is_index
 
 
 def _segment(j: int, seg: Any, n_chars: int) -> tuple[int, int, str]:

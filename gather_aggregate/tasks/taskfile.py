@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import GAError, InputError, TaskError
+from gather_aggregate.core.errors import GAError, InputError, TaskError
 from gather_aggregate.tasks.base import Example, PromptSpec, annotate, check_count
 from gather_aggregate.tasks.spec_check import overlap
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gather_aggregate.errors import UnknownTokenWarning, warn
+from gather_aggregate.core.errors import UnknownTokenWarning, warn
 
 #: warn when more than this share of a task's tokens are unknown
 UNKNOWN_THRESHOLD = 0.05

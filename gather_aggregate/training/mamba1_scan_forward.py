@@ -1,4 +1,4 @@
-"""Train HF's ``MambaForCausalLM`` through this project's chunked S6 scan (:func:`~gather_aggregate.adapters.scan.mamba1_scan`).
+"""Train HF's ``MambaForCausalLM`` through this project's chunked S6 scan (:func:`~gather_aggregate.adapters.selective_scan.mamba1_scan`).
 
 HF's CPU path for Mamba-1 materialises ``exp(Δ A)`` and ``Δ B x`` for the whole
 sequence (``[batch, d_inner, pos, d_state]``) and scans them with mambapy's
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gather_aggregate.adapters.scan import mamba1_scan
+from gather_aggregate.adapters.selective_scan import mamba1_scan
 
 
 def _mixer_class() -> type:

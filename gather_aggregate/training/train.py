@@ -249,7 +249,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             g["lr"] = lr_at(step, cfg)
         loss = train_step(model, opt, *next(batches))
         if not math.isfinite(loss.item()):
-            from gather_aggregate.errors import NonFiniteError
+            from gather_aggregate.core.errors import NonFiniteError
 
             raise NonFiniteError(f"training loss is {loss.item()} at step {step + 1}; the last good checkpoint is in "
                                  f"{out} (restart from it with --init and a lower --lr)")

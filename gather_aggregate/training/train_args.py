@@ -9,7 +9,7 @@ import dataclasses
 import json
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 #: architectures ``zoo train`` builds (HF classes: Llama, Mamba-2, Mamba-1, Bamba)
 ARCHS = ("llama", "mamba2", "mamba1", "bamba")

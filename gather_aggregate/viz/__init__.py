@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gather_aggregate._lazy import lazy_attributes
+from gather_aggregate.core.lazy import lazy_attributes
 
 _LAZY: dict[str, str] = {
     "AttentionView": "gather_aggregate.viz.attention",

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 
 @functools.lru_cache(maxsize=1)

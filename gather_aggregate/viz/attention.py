@@ -39,8 +39,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import as_index
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import as_index
 from gather_aggregate.viz.assets import circuitsvis_js, json_for_script
 from gather_aggregate.viz.fit import FitMode, fit_pattern
 
@@ -57,7 +57,7 @@ class AttentionView:
 
     ``component`` is the circuitsvis React component and ``props`` its (JSON)
     arguments.  Display it in Jupyter (``_repr_html_``), save it as a standalone
-    page (:meth:`save`) or put it in a report (:mod:`gather_aggregate.report`,
+    page (:meth:`save`) or put it in a report (:mod:`gather_aggregate.report.html`,
     which inlines the bundle once for all views).
     """
 
@@ -112,7 +112,7 @@ class AttentionView:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_html` to ``path`` atomically."""
-        from gather_aggregate.io import atomic_write_text
+        from gather_aggregate.core.results_io import atomic_write_text
 
         return atomic_write_text(Path(path), self.to_html())
 

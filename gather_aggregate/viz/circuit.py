@@ -13,8 +13,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import HEAD_NAME
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import HEAD_NAME
 from gather_aggregate.viz.tokens import HtmlFragment
 
 BOX_W, BOX_H, GAP = 160, 44, 12

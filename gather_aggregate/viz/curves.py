@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 from gather_aggregate.viz.tables import Rows, as_rows, fmt, number, require
 
 PALETTE = ("#1f5fbf", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -190,7 +190,7 @@ def cumulative_ablation_curve(
     first of ``k``, ``n_ablated``, ``n_removed`` present) and either one metric
     column ``y`` plus a ``series`` column (e.g. "G&A ranking" vs "random heads"),
     or several metric columns, one per task, as
-    :func:`gather_aggregate.experiments.cumulative_ablation` writes them
+    :func:`gather_aggregate.studies.ablation_tables.cumulative_ablation` writes them
     (``y`` defaults to ``accuracy`` if present, else every numeric column).  The
     ``label`` column (default ``head`` or ``heads``) names what was added at each
     step and is shown on hover; a list of ``(layer, head)`` pairs is shown as the
@@ -240,7 +240,7 @@ def ablation_small_multiples(
 
     ``tables`` maps a model name to its cumulative-ablation rows (``x`` = heads
     removed, one accuracy column per task), as
-    :func:`gather_aggregate.experiments.cumulative_ablation` writes them.  Every
+    :func:`gather_aggregate.studies.ablation_tables.cumulative_ablation` writes them.  Every
     task keeps one colour across all panels (one legend entry per task); the x
     axis shows whole numbers of heads; ``chance`` draws each task's chance
     level as a dotted line in its colour.
@@ -386,7 +386,7 @@ def layer_pruning_curve(
     ``x="n_removed"`` it is a cumulative pruning curve (``x`` defaults to the
     first of ``layer``, ``n_removed``, ``n_pruned`` present).  Rows are long
     (``series`` + ``y``) or wide (one metric column per task), as
-    :func:`gather_aggregate.experiments.layer_pruning` writes them; its clean row
+    :func:`gather_aggregate.studies.ablation_tables.layer_pruning` writes them; its clean row
     (``layer=None``) becomes the dashed per-task baseline.  When the rows have a
     ``kind`` column, attention layers are drawn as circles and SSM layers as
     diamonds.

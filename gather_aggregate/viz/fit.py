@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
 
 FitMode = Literal["auto", "crop", "select", "downsample", "none"]
 

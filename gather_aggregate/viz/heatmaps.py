@@ -19,7 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 from gather_aggregate.viz.tables import Rows, as_rows, fmt, integer, number, require
 
 _KEY_COLUMNS = ("layer", "head", "kind")

@@ -1,6 +1,6 @@
 """KV retrieval of head-level hybrids against the number of attention heads kept, one line per strategy.
 
-Takes a hybrid sweep (:func:`gather_aggregate.hybridise.shipped.shipped_sweep`
+Takes a hybrid sweep (:func:`gather_aggregate.studies.hybrids.shipped.shipped_sweep`
 or ``sweep_from_dir``): rows with ``strategy``, ``k``, ``seed``, ``d_state`` and
 an accuracy column.  Each strategy (each seed of ``random``) is a line over the
 ``k`` it was measured at, starting from the ``k = 0`` hybrid (no attention
@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 from gather_aggregate.viz.curves import PALETTE
 
 #: fixed colours, so a strategy looks the same in every figure
@@ -26,7 +26,7 @@ STRATEGY_COLORS = {"scan": PALETTE[0], "detector": PALETTE[2], "bottom": PALETTE
 
 def hybrid_curves(sweep: Mapping[str, Any], accuracy: str = "kv") -> dict[str, list[tuple[int, float]]]:
     """``{line name: [(k, accuracy), ...]}`` sorted by k; every line starts at the k = 0 hybrid of its state size."""
-    from gather_aggregate.hybridise.shipped import label
+    from gather_aggregate.studies.hybrids.shipped import label
 
     d_head = int(sweep["d_head"])
     rows = [r for r in sweep["rows"] if r["strategy"] != "teacher"]

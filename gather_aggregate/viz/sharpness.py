@@ -9,7 +9,7 @@ Bar heights (y axis "weight / Σ|weight| of the row") are each row's signed shar
 that is the row itself; for SSM-implied attention (signed, unnormalised) it
 keeps the sign (negative bars in red) while making the two panels comparable.
 Entropy ``H``, top-1 mass and sharpness index ``1 - H / log n`` come from
-:mod:`gather_aggregate.metrics`, i.e. on the normalised ``|a|``; the title shows
+:mod:`gather_aggregate.core.sharpness`, i.e. on the normalised ``|a|``; the title shows
 both entropies.  Segment summary positions are marked with triangles and the
 correct segment's summary with a star.
 """
@@ -26,9 +26,9 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from gather_aggregate.errors import IndexOutOfRangeError, InputError
-from gather_aggregate.indices import as_index
-from gather_aggregate.metrics import row_entropy, sharpness_index, top1_mass
+from gather_aggregate.core.errors import IndexOutOfRangeError, InputError
+from gather_aggregate.core.indices import as_index
+from gather_aggregate.core.sharpness import row_entropy, sharpness_index, top1_mass
 from gather_aggregate.viz.attention import NEGATIVE_COLOR, POSITIVE_COLOR, display_tokens
 
 

@@ -17,9 +17,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 WIDTH = 960
+
+
+def is_plotly_figure(obj: Any) -> bool:
+    """Whether ``obj`` is a plotly figure (a ``go.Figure`` or another plotly figure class)."""
+    try:
+        from plotly.basedatatypes import BaseFigure
+    except ImportError:  # pragma: no cover - plotly is a dependency
+        return False
+    return isinstance(obj, BaseFigure)
 
 
 def chromium_path() -> str | None:
@@ -31,10 +40,9 @@ def chromium_path() -> str | None:
 
 
 def _page_html(obj: Any) -> str:
-    from gather_aggregate.report import _is_plotly_figure
     from gather_aggregate.viz.attention import AttentionView
 
-    if _is_plotly_figure(obj):
+    if is_plotly_figure(obj):
         import plotly.io as pio
 
         return pio.to_html(obj, full_html=True, include_plotlyjs=True, default_width=WIDTH,
@@ -92,10 +100,8 @@ class Shown:
         self.obj, self.png, self.caption = obj, png, caption
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from gather_aggregate.report import _is_plotly_figure
-
         bundle: dict[str, Any] = {}
-        if _is_plotly_figure(self.obj):
+        if is_plotly_figure(self.obj):
             bundle["application/vnd.plotly.v1+json"] = self.obj.to_plotly_json()
         elif hasattr(self.obj, "_repr_html_") and self.png is None:
             # a circuitsvis view's HTML carries its 1.3 MB bundle and shows blank where scripts do not run

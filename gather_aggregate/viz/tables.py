@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
+from gather_aggregate.core.errors import InputError
 
 Rows = list[dict[str, Any]]
 

@@ -14,7 +14,7 @@ its lines.  The box colour is the token's weight ``w`` in the row:
 * tokens the view does not score (``NaN``) are grey and say so on hover.
 
 The correct segment is underlined in orange.  :func:`token_strip` returns an
-HTML string for :class:`gather_aggregate.report.Html` (or Jupyter's
+HTML string for :class:`gather_aggregate.report.html.Html` (or Jupyter's
 ``display(HTML(...))``).
 """
 
@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gather_aggregate.errors import InputError
-from gather_aggregate.indices import is_index
+from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.indices import is_index
 
 POSITIVE_RGB = (31, 95, 191)
 NEGATIVE_RGB = (214, 39, 40)
@@ -79,7 +79,7 @@ def legend_html(signed: bool = False) -> str:
 class HtmlFragment(str):
     """HTML made by this package (a token strip, a circuit diagram): a ``str`` that Jupyter renders when it is a
     cell's value (a plain ``str`` showed its markup) and that a report puts in as trusted
-    :class:`~gather_aggregate.report.Html` (a plain ``str`` becomes escaped Markdown)."""
+    :class:`~gather_aggregate.report.html.Html` (a plain ``str`` becomes escaped Markdown)."""
 
     def _repr_html_(self) -> str:
         return str(self)

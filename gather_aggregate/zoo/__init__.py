@@ -29,7 +29,7 @@ def demo_models() -> dict[str, Path]:
 
 def zoo_path(name: str) -> Path:
     """The directory of a shipped zoo model (raises, listing the shipped names, if ``name`` is not one)."""
-    from gather_aggregate.errors import ModelLoadError
+    from gather_aggregate.core.errors import ModelLoadError
 
     zoo = list_zoo()
     if name not in zoo:
@@ -41,7 +41,7 @@ def zoo_path(name: str) -> Path:
 def resolve_model_path(name: str | None) -> str:
     """A shipped zoo name (``llama-ga``) becomes its directory; a path or hub name comes back unchanged."""
     if name is None:
-        from gather_aggregate.errors import InputError
+        from gather_aggregate.core.errors import InputError
 
         raise InputError("no --model given; pass a zoo name (see `gather-aggregate zoo list`) or a model directory")
     p = list_zoo().get(name)
