@@ -109,7 +109,8 @@ def _split_args(args: str) -> list[str]:
 def _first_cells(path: Path) -> list[str]:
     """What a page documents as calls: each section heading, and the first cell of each table row."""
     lines = path.read_text().splitlines()
-    return [line for line in lines if line.startswith("#")] + [row.split("|")[1] for row in lines if row.startswith("| `")]
+    headings = [line for line in lines if line.startswith("#")]
+    return headings + [row.split("|")[1] for row in lines if row.startswith("| `")]
 
 
 PARAM = re.compile(r"- ((?:`[A-Za-z_]\w*`(?:, )?)+):")  # `- `name`: ...` or `- `a`, `b`: ...`
