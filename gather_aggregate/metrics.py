@@ -6,6 +6,7 @@ from __future__ import annotations
 from gather_aggregate.core.lazy import lazy_attributes
 
 _LAZY: dict[str, str] = {
+    "normalize_rows": "gather_aggregate.core.protocol",
     "row_entropy": "gather_aggregate.core.sharpness",
     "top1_mass": "gather_aggregate.core.sharpness",
     "sharpness_index": "gather_aggregate.core.sharpness",

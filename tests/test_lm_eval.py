@@ -255,3 +255,57 @@ def test_unknown_lm_eval_task_is_named_with_a_suggestion():
 
     with pytest.raises(InputError, match="unknown lm-eval task\\(s\\): 'arc_easyy' \\(did you mean 'arc_easy'\\?\\)"):
         run_table(None, ["arc_easyy"], [])  # was lm-eval's KeyError, after every model forward was set up
+
+
+# ---- `python -m gather_aggregate.lm_eval` from any directory ---------------------------------------------------
+def test_ga_tasks_without_include_path_are_written_for_the_model_from_any_directory(tmp_path, monkeypatch):
+    """ga_* tasks asked for without --include_path are written for the pretrained= model into the user's cache
+    (the same files as the shipped folder), and that folder is passed on; other arguments are left as they are."""
+    from gather_aggregate.lm_eval.__main__ import task_folder, with_ga_tasks
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", "gather_aggregate", "--model_args", f"pretrained={ZOO},ablate=L0H2", "--tasks", "ga_kv"]
+    out = with_ga_tasks(argv)
+    folder = task_folder(ZOO)
+    assert out == [*argv, "--include_path", str(folder)] and folder.is_relative_to(tmp_path / "cache")
+    for name in ("ga_kv.yaml", "ga_kv.json", "utils.py"):
+        assert (folder / name).read_text() == (TASKS / name).read_text(), name
+    given = [*argv, "--include_path", str(TASKS)]
+    assert with_ga_tasks(given) == given  # a folder the user names is used as it is
+    assert with_ga_tasks(["--tasks", "mmlu"]) == ["--tasks", "mmlu"]  # no ga_* task: nothing written
+
+
+def test_ga_tasks_without_a_model_directory_are_one_line():
+    from gather_aggregate.core.errors import InputError
+    from gather_aggregate.lm_eval.__main__ import with_ga_tasks
+
+    with pytest.raises(InputError, match=r"pretrained=DIR_OR_ZOO_NAME, or pass --include_path"):
+        with_ga_tasks(["--model", "gather_aggregate", "--tasks", "ga_kv"])
+    with pytest.raises(InputError, match=r"neither a zoo name nor a model directory"):
+        with_ga_tasks(["--model_args", "pretrained=no-such-model", "--tasks=ga_kv"])
+
+
+def test_a_hub_only_task_offline_is_one_line():
+    from gather_aggregate.lm_eval.__main__ import hub_message
+
+    line = hub_message(ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)"))
+    assert line is not None and "(allenai/ai2_arc) from the HF hub" in line and "--include_path" in line
+    assert hub_message(ConnectionError("connection refused")) is None and hub_message(ValueError("x")) is None
+
+
+@pytest.mark.slow
+def test_lm_eval_cli_from_another_directory_without_include_path(tmp_path):
+    """The README's command, run outside the clone: ga_kv is found; a hub-only task ends in one line."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    base = [sys.executable, "-m", "gather_aggregate.lm_eval", "--model", "gather_aggregate", "--model_args",
+            f"pretrained={ZOO}", "--limit", "2"]
+    out = subprocess.run([*base, "--tasks", "ga_kv"], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ga_kv" in out.stdout and "acc" in out.stdout
+    hub = subprocess.run([*base, "--tasks", "arc_easy"], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=tmp_path)
+    assert hub.returncode == 2 and "Traceback" not in hub.stderr
+    assert hub.stderr.strip().splitlines()[-1].startswith("error: this task reads its data (allenai/ai2_arc)")

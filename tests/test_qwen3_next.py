@@ -50,13 +50,35 @@ class TestQwen3Next(HybridFamilySuite):
     def test_random_configs_match_hf(self, seed):
         """Our chunked scan (the default) against HF's chunked delta rule (its default), and our sequential scan
         against HF's recurrent one: the same algorithm on each side.  HF's two paths differ from each other by up to
-        2.1e-4 on these configs (seed 8 on an AVX-512 CPU: fp32 rounding carried through three DeltaNet layers),
-        where our sequential scan and HF's recurrent rule stay within 3.3e-5 of each other on every seed."""
+        2.1e-4 on these configs (seed 8: fp32 rounding carried through three DeltaNet layers), where our sequential
+        scan and HF's recurrent rule stay within 3.3e-5 of each other on every seed.  The two chunked paths order
+        their sums differently; where they differ by more than 1e-4 (seed 8 on an AMD EPYC: 1.7e-4, one logit of
+        8540), ours is held to the config fuzz's fp32 rule instead (``testing.fuzz.check.fp32_bound``): within
+        max(1e-4, 2 x HF's own distance, 2 x HF's jitter) of HF's modeling code evaluated in float64, where HF's
+        jitter is how far its logits move when every weight is multiplied by 1 + 1e-7 ε (seed 8: ours 1.4e-4, HF's
+        fp32 5.8e-5, HF's jitter 1.2e-4)."""
+        import copy
+
         import transformers.models.qwen3_next.modeling_qwen3_next as hf_module
+
+        from gather_aggregate.testing.fuzz.check import float64_logits
 
         hf = type(self).make_hf(seed, config=type(self).random_config(seed))
         toks = tokens(61, L=self.lengths[seed % 3], seed=seed)
-        model, _ = check_matches_hf(hf, type(self).load, toks)
+        try:
+            model, _ = check_matches_hf(hf, type(self).load, toks)
+        except AssertionError:
+            model = type(self).load(hf)
+            with torch.no_grad():
+                ours, theirs = model(toks).double(), hf(toks, use_cache=False).logits.double()
+            truth = float64_logits(hf, toks)
+            jittered, g = copy.deepcopy(hf), torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for p in jittered.parameters():
+                    p.mul_(1 + 1e-7 * torch.randn(p.shape, generator=g))
+                jitter = float((jittered(toks, use_cache=False).logits.double() - theirs).abs().max())
+            hf_distance = float((theirs - truth).abs().max())
+            assert float((ours - truth).abs().max()) <= max(1e-4, 2 * hf_distance, 2 * jitter)
         chunked = hf_module.torch_chunk_gated_delta_rule
         hf_module.torch_chunk_gated_delta_rule = hf_module.torch_recurrent_gated_delta_rule  # what the layer calls
         try:

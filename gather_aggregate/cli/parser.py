@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gather_aggregate.cli.arg_types import head_indices, head_pairs, int_in_range
+from gather_aggregate.cli.arg_types import head_indices, head_pairs, int_in_range, threads_arg
 
 # subcommand -> (module:function, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lm-eval": ("gather_aggregate.lm_eval.schedule:cmd_lm_eval",
                 "lm-evaluation-harness tasks x heads removed (needs the lmeval extra)"),
 }
+
+#: subcommands that run no torch computation (their thread count is left alone, torch is not imported for it)
+LIGHT_COMMANDS = ("memory", "zoo")  # `zoo train` sets its own (--threads, default 1)
 
 #: the task names of gather_aggregate.tasks.registry (a test keeps them equal; importing it here would be slow)
 TASKS = ("kv", "letter-mc", "content-mc", "knowledge", "mmlu", "mmlu-content", "mqar")
@@ -61,10 +64,14 @@ class Parser(argparse.ArgumentParser):
 
 
 # ---- option groups ----------------------------------------------------------------------------------
-def _general(p: argparse.ArgumentParser) -> None:
+def _general(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show transformers' weight-loading bars and warnings (quiet by default)")
     p.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+    if threads:  # `zoo train` has its own --threads (a training setting, default 1)
+        p.add_argument("--threads", type=threads_arg, default="auto",
+                       help="torch threads: a number, or auto (the free cores: usable cores less the load "
+                            "average; OMP_NUM_THREADS, when set, decides instead)")
 
 
 def _model(p: argparse.ArgumentParser) -> None:
@@ -221,7 +228,7 @@ def _zoo_actions(p: argparse.ArgumentParser) -> None:
     from gather_aggregate.training.train_args import add_train_arguments
 
     add_train_arguments(t, out_required=False)
-    _general(t)
+    _general(t, threads=False)
     shown = [a.option_strings[-1] + (" {" + ",".join(a.choices) + "}" if a.choices else "")
              for a in t._actions if a.option_strings and a.option_strings[-1] != "--help"]
     p.epilog = "`zoo train` options (details: `gather-aggregate zoo train --help`): " + ", ".join(shown)
@@ -269,6 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     _quiet(getattr(args, "verbose", False))
     target, _ = COMMANDS[args.command]
+    if args.command not in LIGHT_COMMANDS:
+        from gather_aggregate.core.threads import apply_threads
+
+        apply_threads(getattr(args, "threads", "auto"))
     module_name, func_name = target.split(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
