@@ -171,3 +171,18 @@ def test_ray_scans_the_model_in_memory_not_its_checkpoint(tiny_llama_dir):
         ray.shutdown()
     assert sharded.scores() == edited.scores()
     assert sharded.meta["model"] == edited.meta["model"]
+
+
+def test_the_cli_probes_a_ray_address_before_the_model_loads_or_the_folder_is_made(tmp_path, capsys, monkeypatch):
+    import gather_aggregate.models.loading as loading
+    from gather_aggregate.cli.parser import main
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model loaded before the probe"))
+    server = _Server(_silent)
+    try:
+        rc = main(["scan", "--model", "llama-kv", "--ray", f"127.0.0.1:{server.port}", "--out", str(tmp_path / "o")])
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "does not answer as a Ray cluster" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()

@@ -213,3 +213,18 @@ def test_a_transformer_whose_config_was_edited_names_the_tensor_and_both_shapes(
                                               r"restore config.json") as err:
         load_model(tmp_path / "m")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--init", "NOWHERE"], "is not a model directory (no config.json)"),
+    (["--arch", "mamba2", "--init", "ZOO"], "holds a 'llama' model, not --arch 'mamba2'"),
+    (["--init", "ZOO", "--grow-to", "1"], "--grow-to 1 is below the --init checkpoint's"),
+])
+def test_zoo_train_warm_starts_are_checked_before_the_folder_exists(tmp_path, capsys, extra, needle):
+    from gather_aggregate.zoo import zoo_path
+
+    extra = [str(tmp_path / "nowhere") if x == "NOWHERE" else str(zoo_path("llama-kv")) if x == "ZOO" else x
+             for x in extra]
+    line = _run(["zoo", "train", "--out", str(tmp_path / "o"), "--steps", "1", *extra], capsys)
+    assert needle in line, line
+    assert not (tmp_path / "o").exists()

@@ -127,6 +127,10 @@ def run_scan(args: argparse.Namespace) -> int:
     if getattr(args, "exact_prompts", 0) and args.mode not in CORESET_ESTIMATORS:
         raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode "
                          f"{', '.join(CORESET_ESTIMATORS[:-1])} or {CORESET_ESTIMATORS[-1]}, not --mode {args.mode}")
+    if getattr(args, "ray", None) not in (None, "local"):  # an address that is not Ray fails before the model loads
+        from gather_aggregate.scan.distributed import check_address
+
+        check_address(args.ray)
     out, model, examples = _start(args, "scan")
     tokens, metric = task_metric(model, examples)
     reference = tokens if args.ablation != "zero" else None  # resample: a derangement of the prompts

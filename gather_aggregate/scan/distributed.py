@@ -111,6 +111,13 @@ def _check_reachable(address: str, timeout: float = 3.0) -> None:
                 "ray_address=None (--ray without an address) for a local cluster")
 
 
+def check_address(address: str | None) -> None:
+    """Probe a Ray address before anything else is done (a model loaded, a folder made): ``None``, ``"local"``
+    and ``"auto"`` need no probe; ``HOST:PORT`` must answer as Ray does (:func:`_check_reachable`)."""
+    if address is not None and address not in ("local", "auto"):
+        _check_reachable(address)
+
+
 def check_picklable(obj: Any, what: str) -> None:
     """Refuse, before any worker starts, what Ray could not send to its workers, naming it and the reason."""
     ray = _ray()
@@ -127,8 +134,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> Any:
     """The ``ray`` module, initialised: reuse a running session, join ``address``, or start a local cluster."""
     if address is not None and not isinstance(address, str):
         raise InputError(f"a Ray address is 'auto', 'HOST:PORT' or 'ray://HOST:PORT', got {type(address).__name__}")
-    if address is not None and address not in ("local", "auto"):
-        _check_reachable(address)
+    check_address(address)
     ray = _ray()
     if ray.is_initialized():
         return ray

@@ -174,6 +174,35 @@ def check_config(cfg: TrainConfig) -> None:
                              f"0..{n - 1} (the model has {n} layers; --n-layers sets it)")
     if cfg.grow_to is not None and not cfg.init:
         raise InputError("--grow-to needs --init (it grows a trained checkpoint)")
+    if cfg.init:
+        _check_init(cfg)
+
+
+def _check_init(cfg: TrainConfig) -> None:
+    """``--init``: a directory this script wrote, of the same ``--arch``; ``--grow-to`` (Llama only) at least its
+    layer count.  These were ValueErrors after the output folder existed."""
+    from pathlib import Path
+
+    init = Path(str(cfg.init)).expanduser()
+    if not (init / "config.json").is_file():
+        raise InputError(f"--init {str(init)!r} is not a model directory (no config.json); pass a directory "
+                         "`gather-aggregate zoo train` wrote")
+    rec_path = init / "train_config.json"
+    try:
+        arch = json.loads(rec_path.read_text()).get("config", {}).get("arch") if rec_path.is_file() else None
+        n_layers = json.loads((init / "config.json").read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError):
+        raise InputError(f"--init {str(init)!r}: its config.json or train_config.json is not readable JSON; pass a "
+                         "directory `gather-aggregate zoo train` wrote") from None
+    if arch != cfg.arch:
+        raise InputError(f"--init {str(init)!r} holds a {arch!r} model, not --arch {cfg.arch!r}; warm-start from a "
+                         "directory trained with the same --arch")
+    if cfg.grow_to is not None:
+        if cfg.arch != "llama":
+            raise InputError(f"--grow-to appends Llama layers; --arch {cfg.arch} cannot grow: drop it")
+        if isinstance(n_layers, int) and cfg.grow_to < n_layers:
+            raise InputError(f"--grow-to {cfg.grow_to} is below the --init checkpoint's {n_layers} layers; pass "
+                             f"--grow-to {n_layers} or more")
 
 
 #: the least value of each numeric option (None: not given, the architecture's default); curriculum is a share
