@@ -90,7 +90,7 @@ def test_detector_refuses_a_scan_of_a_larger_model(zoo):
     from gather_aggregate.detect.detector import find_ga_heads
 
     alien = ScanResult([{"layer": 5, "head": 9, "kind": "attn", "score": 1.0}], {})
-    with pytest.raises(InputError, match="has head L5H9, which this model does not have.*or none"):
+    with pytest.raises(ProvenanceError, match="has head L5H9, which this model does not have.*or none"):
         find_ga_heads(zoo["model"], zoo["examples"], alien)
 
 
@@ -116,6 +116,14 @@ def test_choose_heads_refuses_another_models_scan(zoo):
     with pytest.raises(ProvenanceError, match="another model .*or pass scan=None") as err:
         choose_heads(zoo["other"], zoo["examples"], 2, "scan", scan=zoo["scan"])
     _one_line(err)
+
+
+def test_choose_heads_refuses_a_scan_with_a_head_the_model_lacks(zoo):
+    from gather_aggregate.studies.hybrids.choose import choose_heads
+
+    rows = [dict(r) for r in zoo["scan"].rows] + [{"layer": 2, "head": 0, "kind": "attn", "score": 9.0}]
+    with pytest.raises(ProvenanceError, match="scan has head L2H0, which this model does not have"):
+        choose_heads(zoo["model"], zoo["examples"], 1, "scan", scan=ScanResult(rows, {}))  # returned L2H0
 
 
 def test_choose_heads_takes_the_right_scan(zoo):

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.core.arguments import check_model, count
-from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.errors import InputError, ProvenanceError
 from gather_aggregate.core.indices import as_index, is_index
 from gather_aggregate.core.model_state import analysis
 from gather_aggregate.core.protocol import Head, HookedModel
@@ -326,8 +326,8 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     own = set(model.all_heads())
     alien = [hd for hd in [(r.get("layer"), r.get("head")) for r in scores or []] if hd not in own]
     if alien:
-        raise InputError(f"scores has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: it was "
-                         "computed on another model; pass a scores of this model's heads, or none")
+        raise ProvenanceError(f"scores has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: it "
+                              "was computed on another model; pass a scores of this model's heads, or none")
     res = decide(model, examples, read=reading, max_candidates=max_candidates, seed=seed, batch_size=batch_size)
     if scores is None:  # the paper's summary-token scores, as columns beside the detector's own
         scores = pattern_scores(model, examples, batch_size=batch_size)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.core.arguments import HEAD_KINDS, count, names, number
-from gather_aggregate.core.errors import InputError, NonFiniteError
+from gather_aggregate.core.errors import InputError, NonFiniteError, ProvenanceError
 from gather_aggregate.core.indices import HEAD_NAME, as_index
 from gather_aggregate.core.protocol import Head
 from gather_aggregate.core.provenance import Provenance, model_fingerprint, prompts_fingerprint
@@ -50,8 +50,8 @@ class ScanResult:
         own = set(model.all_heads())
         alien = [hd for hd in self.scores() if hd not in own]  # was silently merged: a scan of another model
         if alien:
-            raise InputError(f"{what} has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: it "
-                             f"was computed on another model; pass a {what} of this model's heads, or none")
+            raise ProvenanceError(f"{what} has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: "
+                                  f"it was computed on another model; pass a {what} of this model's heads, or none")
         expected = Provenance(model=model_fingerprint(model), prompts=None if tokens is None else
                               prompts_fingerprint(tokens), n=None if tokens is None else int(tokens.shape[0]))
         expected.check(self.provenance, what=what, fix=fix or "scan this model on these prompts (exact_scan(model, "
