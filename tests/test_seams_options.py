@@ -228,3 +228,18 @@ def test_zoo_train_warm_starts_are_checked_before_the_folder_exists(tmp_path, ca
     line = _run(["zoo", "train", "--out", str(tmp_path / "o"), "--steps", "1", *extra], capsys)
     assert needle in line, line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("model_args, error, needle", [
+    ("pretrained=./no/such/model", ModelLoadError, "no such model directory"),
+    ("pretrained=llama-kv,method=mean,reference=BAD", InputError, r"bad.json is not JSON .*write a list of prompts"),
+])
+def test_lm_evals_own_cli_checks_the_model_args_before_its_task_index(tmp_path, model_args, error, needle):
+    from gather_aggregate.lm_eval.__main__ import precheck
+
+    (tmp_path / "bad.json").write_text("{")
+    argv = ["--model", "gather_aggregate", "--model_args", model_args.replace("BAD", str(tmp_path / "bad.json")),
+            "--tasks", "mmlu"]
+    with pytest.raises(error, match=needle):
+        precheck(argv)
+    precheck(["--model", "gather_aggregate", "--model_args", "pretrained=llama-kv", "--tasks", "mmlu"])  # fine
