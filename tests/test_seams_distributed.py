@@ -140,11 +140,42 @@ def test_run_sharded_names_the_part_that_cannot_be_pickled():
     assert not ray.is_initialized()
 
 
-def test_ray_scans_the_model_in_memory_not_its_checkpoint(tiny_llama_dir):
+@pytest.fixture(scope="module")
+def cluster():
+    from gather_aggregate.scan.distributed import connect, shutdown_workers
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    connect(None, num_cpus=1)
+    yield
+    shutdown_workers()
+    ray.shutdown()
+
+
+def test_a_checkpoint_gone_since_the_driver_loaded_it_is_the_load_error_not_a_lost_worker(cluster, tiny_llama_dir,
+                                                                                            tmp_path):
+    import shutil
+
+    from gather_aggregate import load_model
+    from gather_aggregate.core.errors import ModelLoadError
+
+    shutil.copytree(tiny_llama_dir, tmp_path / "m")
+    model = load_model(tmp_path / "m")
+    shutil.rmtree(tmp_path / "m")
+    tokens = torch.randint(0, model.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="no such model directory") as err:
+        exact_scan(model, tokens, _last_logit, ray=True, num_workers=1, progress=False)
+    assert "\n" not in str(err.value) and time.perf_counter() - t0 < 60
+
+
+def _last_logit(logits):
+    return logits[:, -1, 0].mean()
+
+
+def test_ray_scans_the_model_in_memory_not_its_checkpoint(cluster, tiny_llama_dir):
     """The model was edited after load_model (no hooks): the workers load the checkpoint, see that it differs
     from the driver's weights, and take those; the scores are the edited model's, bit for bit."""
     from gather_aggregate import load_model
-    from gather_aggregate.scan.distributed import connect, shutdown_workers
 
     model = load_model(tiny_llama_dir)
     g = torch.Generator().manual_seed(0)
@@ -162,13 +193,7 @@ def test_ray_scans_the_model_in_memory_not_its_checkpoint(tiny_llama_dir):
                 break
     edited = exact_scan(model, tokens, metric, progress=False)
     assert edited.scores() != clean.scores()  # the edit matters
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    connect(None, num_cpus=1)
-    try:
-        sharded = exact_scan(model, tokens, metric, ray=True, num_workers=1, progress=False)
-    finally:
-        shutdown_workers()
-        ray.shutdown()
+    sharded = exact_scan(model, tokens, metric, ray=True, num_workers=1, progress=False)
     assert sharded.scores() == edited.scores()
     assert sharded.meta["model"] == edited.meta["model"]
 

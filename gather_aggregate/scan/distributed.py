@@ -161,12 +161,20 @@ class _Worker:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch when load() imports it
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(threads)
-        self.state = load()
+        self.error: BaseException | None = None
+        try:  # a load that fails (a checkpoint moved since the driver loaded it) is raised by every call, as
+            self.state = load()  # itself: an actor that dies in __init__ read as a worker lost, retried 3 times
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            self.state, self.error = None, exc
 
     def run(self, fn: Callable[[Any, Any], Rows], index: int, shard: Any) -> tuple[int, Rows]:
+        if self.error is not None:
+            raise self.error
         return index, list(fn(self.state, shard))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.error is not None:
+            raise self.error
         return fn(self.state, *args)
 
 
