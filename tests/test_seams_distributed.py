@@ -211,3 +211,17 @@ def test_the_cli_probes_a_ray_address_before_the_model_loads_or_the_folder_is_ma
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "does not answer as a Ray cluster" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value, needle", [(float("nan"), "row 1's drop is nan"), ("0.3", "row 1's drop is '0.3'")])
+def test_a_sharded_table_edited_by_hand_is_not_resumed(tmp_path, value, needle):
+    import json
+
+    from gather_aggregate.core.errors import ResumeMismatchError
+
+    out = tmp_path / "sweep.json"
+    rows = [{"set": 0, "drop": 0.5}, {"set": 1, "drop": value}]
+    out.write_text(json.dumps({"meta": {"mode": "ablation_sweep", "done_shards": ["0"]}, "rows": rows}))
+    with pytest.raises(ResumeMismatchError, match=f"{needle}; use another out= or drop resume"):
+        run_sharded(lambda: None, lambda state, shard: [], ["0", "1"], key=str, out=out, resume=True,
+                    meta={"mode": "ablation_sweep"})

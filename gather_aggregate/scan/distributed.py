@@ -350,13 +350,30 @@ def run_sharded(load: Callable[[], Any], run: Callable[[Any, Any], Rows], shards
     return prior + [r for i in sorted(results) for r in results[i]]
 
 
+#: row fields of the jobs' tables that must be numbers (a scan's rows are checked by scan.result.table_problem)
+_NUMBERS = ("score", "drop", "metric_clean", "metric_ablated", "stderr")
+
+
 def _resume_rows(path: Path, meta: dict[str, Any]) -> tuple[Rows, set[str]]:
     import json
 
     try:
         old = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable table ({exc})") from None
+    except (OSError, ValueError) as exc:  # ValueError: invalid JSON, or bytes that are not UTF-8 text
+        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a readable table ({exc}); use another out= "
+                                  "or drop resume") from None
+    if not isinstance(old, dict) or not isinstance(old.get("rows", []), list) or not isinstance(old.get("meta", {}), dict):
+        raise ResumeMismatchError(f"cannot resume from {str(path)!r}: not a table {{\"meta\": ..., \"rows\": [...]}}; "
+                                  "use another out= or drop resume")
+    import math
+
+    for i, row in enumerate(old.get("rows", [])):  # a hand-edited NaN or text value was taken into the result
+        bad = "not an object" if not isinstance(row, dict) else next(
+            (f"{k} is {v!r}" for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)
+             or k in _NUMBERS and (isinstance(v, bool) or not isinstance(v, (int, float)))), None)
+        if bad:
+            raise ResumeMismatchError(f"cannot resume from {str(path)!r}: row {i}'s {bad}; use another out= or drop "
+                                      "resume")
     old_meta = old.get("meta", {})
     for k, v in meta.items():
         if k not in ("complete", "done_shards", "metric_clean") and old_meta.get(k) != v:
