@@ -192,11 +192,19 @@ def test_zero_ablation_needs_no_model_of_its_own(zoo):
 # ---- one-prompt baselines --------------------------------------------------------------------------------------
 def test_a_per_position_mean_over_one_prompt_is_refused(zoo):
     m, t = zoo["model"], zoo["tokens"]
-    with pytest.raises(InputError, match="a mean over one reference prompt .*pass two or more reference prompts") \
+    with pytest.raises(InputError, match="a mean over one reference prompt .*pass two or more different reference prompts") \
             as err:
         exact_scan(m, t[:1], lambda x: x[:, -1].log_softmax(-1)[:, 0].mean(), method="mean", reference=t[:1],
                    progress=False)
     _one_line(err)
+
+
+@pytest.mark.parametrize("method", ["mean", "resample"])
+def test_copies_of_one_prompt_are_one_prompt(zoo, method):
+    t = zoo["tokens"][:1].repeat(3, 1)
+    with pytest.raises(InputError, match="copies of one prompt .*two or more different"):
+        exact_scan(zoo["model"], t, lambda x: x[:, -1].log_softmax(-1)[:, 0].mean(), method=method, reference=t,
+                   progress=False)
 
 
 def test_a_position_agnostic_mean_over_one_prompt_still_ablates(zoo):

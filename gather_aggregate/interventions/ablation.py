@@ -170,10 +170,16 @@ def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method =
             f"length as the inputs ({n_pos} tokens), got {reference.shape[1]}; pad/trim them, or use "
             "method='mean' with per_position=False"
         )
-    if method == "mean" and per_position and reference.shape[0] < 2:  # was every score 0 with inputs as reference
-        raise InputError("a mean over one reference prompt is that prompt's own head output (with the inputs as "
-                         "reference, every ablation a no-op and every score 0); pass two or more reference prompts, "
+    distinct = int(torch.unique(reference.cpu(), dim=0).shape[0])  # n copies of one prompt are one prompt
+    if method == "mean" and per_position and distinct < 2:  # was every score 0 with the inputs as reference
+        what = "one reference prompt" if reference.shape[0] < 2 else f"{reference.shape[0]} copies of one prompt"
+        raise InputError(f"a mean over {what} is that prompt's own head output (with the inputs as reference, "
+                         "every ablation a no-op and every score 0); pass two or more different reference prompts, "
                          "or use per_position=False or method='zero'")
+    if method == "resample" and distinct < 2 <= reference.shape[0] and inputs is not None and reference.shape[1] == inputs.shape[1] \
+            and bool((inputs.cpu()[:, None] == reference.cpu()[None]).all(-1).any()):
+        raise InputError("resample ablation over copies of one prompt gives each input that prompt's own head "
+                         "output back; pass two or more different prompts, or use method='mean' or 'zero'")
     layers = sorted({layer for layer, _ in heads})
     index = None
     if method == "resample" and inputs is not None and inputs.shape[1] == reference.shape[1]:
