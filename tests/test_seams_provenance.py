@@ -316,3 +316,23 @@ def test_the_detector_writes_no_nan_for_heads_a_partial_scan_left_out(zoo):
     drops = {(r["layer"], r["head"]): r["ablation_drop"] for r in ga.table}
     assert sum(v is None for v in drops.values()) == 2  # was NaN, written into detect.json
     assert all(drops[hd] == s for hd, s in part.scores().items())
+
+
+def test_the_fingerprint_sum_does_not_depend_on_the_reduction_order():
+    """A float32 sum rounded to 4 decimals changed with the reduction order (5 of 200 random 1M-entry tensors
+    between two orders), so a scan made on a GPU was refused on a CPU; the sum is float64 now."""
+    from gather_aggregate.core.provenance import _sample_parameters
+
+    class Seen:
+        def __init__(self):
+            self.parts = []
+
+        def update(self, b):
+            self.parts.append(b)
+
+    module = torch.nn.Linear(6, 1, bias=False)
+    with torch.no_grad():
+        module.weight.copy_(torch.tensor([[16777216.0, 1.0, 1.0, 1.0, 1.0, -16777216.0]]))
+    seen = Seen()
+    _sample_parameters(seen, module)
+    assert seen.parts[-1] == repr(4.0).encode()  # the exact sum, in any order

@@ -64,11 +64,18 @@ def module_fingerprint(module: Any) -> str:
 
 
 def _sample_parameters(h: Any, module: Any) -> None:
+    """Each parameter's name, first 64 entries and rounded sum into ``h``.  The sum is taken in float64, chunk by
+    chunk: a float32 sum depends on the reduction order (device, thread count, layout) and, rounded to 4 decimals,
+    changed between a CPU and a GPU, so a scan made on one was refused on the other."""
     for name, p in module.named_parameters():
         flat = p.detach().reshape(-1)
         h.update(name.encode())
         h.update(flat[:64].float().cpu().numpy().tobytes())
-        h.update(repr(round(float(flat.float().sum()), 4)).encode())
+        total = 0.0
+        for chunk in flat.split(1 << 22):
+            chunk = chunk.cpu() if chunk.device.type == "mps" else chunk  # MPS has no float64
+            total += float(chunk.double().sum())
+        h.update(repr(round(total, 4)).encode())
 
 
 def check_cache_owner(cache: Any, model: Any) -> None:
