@@ -11,12 +11,13 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gather_aggregate.core.arguments import HEAD_KINDS, count, names, number
 from gather_aggregate.core.errors import InputError
 from gather_aggregate.core.indices import HEAD_NAME, as_index
 from gather_aggregate.core.protocol import Head
+from gather_aggregate.core.provenance import Provenance
 from gather_aggregate.core.results_io import read_json, write_table
 
 #: rows shown by ``repr`` and by the Jupyter table
@@ -33,6 +34,13 @@ class ScanResult:
     def __post_init__(self) -> None:  # a row without a score was a KeyError in .top(); rows="..." a TypeError
         if (problem := table_problem({"meta": self.meta, "rows": self.rows})) is not None:
             raise InputError(f"ScanResult(rows, meta): {problem}; give rows as dicts with layer, head and score")
+
+    KIND: ClassVar[str] = "scan"
+
+    @property
+    def provenance(self) -> Provenance:
+        """Where this scan came from (model fingerprint and name, task, n, seed), as its meta records it."""
+        return Provenance.from_meta(self.meta)
 
     def ranked(self) -> ScanResult:
         rows = sorted(self.rows, key=lambda r: (-r["score"], r["layer"], r["head"]))
