@@ -72,7 +72,8 @@ def _scores_figure(p: str, det: Any, scan: Any) -> Any:
                           "not have. Pattern shares are on a fixed 0-1 scale; drops span at least ±0.1 nats.")
 
 
-def study_sections(folder: StudyFolder, study: Any, note: str = "") -> tuple[list[Any], dict[str, Any] | None]:
+def study_sections(folder: StudyFolder, study: Any, note: str = "",
+                   label: str | None = None) -> tuple[list[Any], dict[str, Any] | None]:
     """The sections of one study (every title starts with :func:`study_label`) and its views (for sharp vs
     smooth across studies)."""
     from gather_aggregate.report.demo_story import _circuit_section, _strips_section
@@ -81,7 +82,7 @@ def study_sections(folder: StudyFolder, study: Any, note: str = "") -> tuple[lis
     from gather_aggregate.viz import attention_heads
 
     meta = folder.meta()
-    p = study_label(meta)
+    p = label or study_label(meta)
     got = {k: folder.load(k) for k in folder.kinds()}
     secs: list[Any] = [KeyValues({"model": meta.get("model_name"), "task": meta.get("task_name"),
                                   "prompts": meta.get("n"), "seed": meta.get("seed"),
@@ -144,9 +145,11 @@ def write_study_report(path: str | Path, out: str | Path | None = None,
                          f"--out {path} first")
     sections: list[Any] = []
     all_views: dict[str, Any] = {}
-    names = []
-    for folder in folders:
-        meta = folder.meta()
+    metas = [f.meta() for f in folders]
+    short = [study_label(m) for m in metas]
+    names = [s if short.count(s) == 1 else f"{s} ({m.get('n')} prompts, seed {m.get('seed')})"
+             for s, m in zip(short, metas)]
+    for folder, meta, name in zip(folders, metas, names):
         given = (models or {}).get(str(meta.get("model_name")))
         note = ""
         try:
@@ -154,14 +157,13 @@ def write_study_report(path: str | Path, out: str | Path | None = None,
         except (GAError, OSError) as exc:  # the model moved or cannot load: draw what needs no model
             study, note = None, f"the model could not be loaded again ({str(exc).splitlines()[0]}), so no rows " \
                                 "over a prompt are drawn"
-        secs, views = study_sections(folder, study, note)
+        secs, views = study_sections(folder, study, note, name)
         if len(folders) > 1:
             secs.insert(0, Html(f"<p>Study <strong>{html.escape(describe(meta))}</strong> in "
-                                f"<code>{html.escape(str(folder.path))}</code>.</p>", title=study_label(meta)))
+                                f"<code>{html.escape(str(folder.path))}</code>.</p>", title=name))
         sections += secs
-        names.append(study_label(meta))
         if views is not None:
-            all_views[study_label(meta)] = views
+            all_views[name] = views
     sharp = _sharp_section(all_views, True) if len(all_views) > 1 else None
     if sharp is not None:
         sharp.title = f"Sharp (attention) vs smooth (SSM): {' and '.join(all_views)}"
