@@ -132,8 +132,6 @@ def run_scan(args: argparse.Namespace) -> int:
     if getattr(args, "exact_prompts", 0) and args.mode not in CORESET_ESTIMATORS:
         raise InputError(f"--exact-prompts corrects an estimate by a few exact prompts: use it with --mode "
                          f"{', '.join(CORESET_ESTIMATORS[:-1])} or {CORESET_ESTIMATORS[-1]}, not --mode {args.mode}")
-    if args.resume and args.fresh:
-        raise InputError("--resume continues the study's partial scan and --fresh discards it; pass one of them")
     study = study_of(args)
     t0 = time.perf_counter()
     result = study.scan(args.mode, args.ablation, resume=args.resume, fresh=args.fresh,

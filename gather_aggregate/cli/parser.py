@@ -146,8 +146,10 @@ def _scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int_in_range("--workers", 1), default=2, help="Ray workers (with --ray)")
     p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
                    help="what replaces a head's output (resample: another prompt's, never its own)")
-    p.add_argument("--resume", action="store_true", help="continue the study's interrupted scan")
-    p.add_argument("--fresh", action="store_true", help="discard the study's scan (partial or complete) and scan again")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the study's interrupted scan")
+    again.add_argument("--fresh", action="store_true",
+                       help="discard the study's scan (partial or complete) and scan again")
     _progress(p)
     _study(p, "scan.json/.csv (one row per head, ranked)")
 

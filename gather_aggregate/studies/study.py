@@ -88,10 +88,16 @@ class Study:
                                               n=len(self.examples), seed=seed)
         self.folder = StudyFolder(folder) if folder is not None else None
         self._results: dict[str, Any] = {}
-        if self.folder is not None:
-            self.folder.bind(self.provenance, {"prompts": self.prompts, "dict_size": dict_size,
-                                               "task_file": task_file,
+        self._bound = False
+
+    def _bind(self) -> None:
+        """Check the folder holds this study (or none yet) and record it in ``meta.json``: at the first step, so
+        that a command refused for its options leaves no folder behind."""
+        if self.folder is not None and not self._bound:
+            self.folder.bind(self.provenance, {"prompts": self.prompts, "dict_size": self.dict_size,
+                                               "task_file": self.task_file,
                                                "model_dir": None if self.model_dir is None else str(self.model_dir)})
+            self._bound = True
 
     @classmethod
     def open(cls, folder: str | Path, model: Any = None, **kwargs: Any) -> Study:
@@ -122,9 +128,9 @@ class Study:
         if self.echo:
             print(line)
 
-    def check(self, result: Any, what: str) -> Any:
+    def check(self, result: Any, what: str, fix: str | None = None) -> Any:
         """Refuse ``result`` (made on another model, task, n, seed or prompts) in one line naming the fix."""
-        fix = "make it in this study (the same --model, --task, --n and --seed), or pass another --out"
+        fix = fix or "make it in this study (the same --model, --task, --n and --seed), or pass another --out"
         self.provenance.check(result.provenance, what=what, fix=fix)
         prompts = result.meta.get("prompts")
         if prompts and prompts != self.prompts:
@@ -134,14 +140,17 @@ class Study:
 
     def saved(self, kind: str) -> Any:
         """The study's ``kind`` result: in memory, else read back (and checked) from the folder, else None."""
+        self._bind()
         if kind not in self._results and self.folder is not None and self.folder.has(kind):
             result = self.folder.load(kind)
             if kind != "scan" or result.meta.get("complete", True):  # a partial scan is checked by its resume
-                self.check(result, str(self.folder.file(kind)))
+                again = "scan again here with --fresh" if kind == "scan" else f"remove {self.folder.file(kind).name}"
+                self.check(result, str(self.folder.file(kind)), f"pass another --out, or {again} to replace it")
             self._results[kind] = result
         return self._results.get(kind)
 
     def _keep(self, kind: str, result: Any, note: dict[str, Any] | None = None) -> Any:
+        self._bind()
         self._results[kind] = result
         if self.folder is not None:
             self.folder.save(kind, result, note)
@@ -157,6 +166,7 @@ class Study:
         """Accuracy on the study's prompts (:class:`~gather_aggregate.tasks.evaluate.EvalResult`)."""
         from gather_aggregate.tasks.evaluate import evaluate
 
+        self._bind()
         res = evaluate(self.model, self.examples, progress=self.progress, seed=self.seed)
         res.meta.update(self.meta())
         return self._keep("eval", res)
@@ -256,6 +266,7 @@ class Study:
 
         from gather_aggregate.core.pattern_result import PatternResult
 
+        self._bind()
         info = self.model.check_layer(layer)
         heads = self.model.check_heads(info.index, heads) if heads else list(range(info.n_heads))
         if not 0 <= prompt < len(self.examples):
