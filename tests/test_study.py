@@ -232,3 +232,37 @@ def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path):
         assert name in titles  # each study's group opens with its name
     assert all(t.startswith("llama-kvmc · kv (") for t in titles)
     assert "llama-kvmc on kv (16 prompts, seed 0)" in html and "llama-kvmc on kv (8 prompts, seed 2)" in html
+
+
+# ---- docs/getting-started.md shows what the chain prints ---------------------------------------------------------
+GETTING_STARTED = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
+
+
+def _section(text: str) -> str:
+    return text[text.index("## One study: scan"):]
+
+
+def test_getting_started_cli_chain_prints_what_the_page_shows(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    text = _section(GETTING_STARTED.read_text())
+    commands = re.search(r"```bash\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    shown = re.search(r"```text\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    assert [shlex.split(c)[1] for c in commands] == ["scan", "detect", "ablate", "report"]
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    for line in commands:
+        assert main(shlex.split(line)[1:]) == 0, line
+        printed += capsys.readouterr().out.splitlines()
+    for line in shown:
+        assert line in printed, line
+
+
+def test_getting_started_python_chain_prints_what_the_page_shows(tmp_path, monkeypatch, capsys):
+    text = _section(GETTING_STARTED.read_text())
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    expected = [m.group(1).strip() for m in re.finditer(r"^print\(.*#\s*prints:(.*)$", code, re.M)]
+    assert len(expected) == 5
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "getting-started.md", "exec"), {"__name__": "doc_getting_started"})
+    assert capsys.readouterr().out.splitlines() == expected

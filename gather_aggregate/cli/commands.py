@@ -196,7 +196,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise InputError(f"study folder {str(results)!r} does not exist; run scan/detect/eval with --out first")
     out = Path(args.out) / "report.html" if args.out else None
     if studies_in(results):
-        from gather_aggregate.report.study_report import write_study_report
+        from gather_aggregate.report.from_study import write_study_report
 
         path = write_study_report(results, out)
     else:  # result files written before study folders (no meta.json)

@@ -1,7 +1,7 @@
 """One self-contained HTML report, viewable offline.
 
 * :mod:`.html`: the section types (``Markdown``, ``Table``, ``Figure``, ...) and ``write_report``;
-* :mod:`.study_report`: ``gather-aggregate report STUDY`` and ``study_report(study)``, from a study folder's results;
+* :mod:`.from_study`: ``gather-aggregate report STUDY`` and ``study_report(study)``, from a study folder's results;
 * :mod:`.from_results`: the report of loose result files (written before study folders);
 * :mod:`.demo_story`: the demo's report, which tells each model's Gather-and-Aggregate story.
 """
@@ -24,8 +24,8 @@ _LAZY: dict[str, str] = {
     "markdown_to_html": "gather_aggregate.report.html",
     "render_report": "gather_aggregate.report.html",
     "write_report": "gather_aggregate.report.html",
-    "study_report": "gather_aggregate.report.study_report",
-    "write_study_report": "gather_aggregate.report.study_report",
+    "study_report": "gather_aggregate.report.from_study",
+    "write_study_report": "gather_aggregate.report.from_study",
 }
 
 __all__ = list(_LAZY)

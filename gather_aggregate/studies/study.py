@@ -8,7 +8,7 @@ study.ablate()          # AblationResult: the named heads removed (or ablate(hea
 Study.open("ga_out/llama-kvmc-kv").detect()   # the same study, reopened: every result read back
 ```
 
-Its report is drawn by the report layer, above this one: ``gather_aggregate.report.study_report(study)``
+Its report is drawn by the report layer, above this one: ``gather_aggregate.report.from_study(study)``
 (``gather-aggregate report FOLDER``), from whichever results the folder holds.
 
 Every result carries the study's :class:`~gather_aggregate.core.provenance.Provenance` (model fingerprint and
