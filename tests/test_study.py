@@ -266,3 +266,28 @@ def test_getting_started_python_chain_prints_what_the_page_shows(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "getting-started.md", "exec"), {"__name__": "doc_getting_started"})
     assert capsys.readouterr().out.splitlines() == expected
+
+
+def test_an_own_checkpoint_whose_vocabulary_lacks_the_task_words_goes_through(tmp_path, capsys):
+    """A plain HF Llama saved with a borrowed word-level tokenizer: the built-in KV task's words are unknown to it,
+    and the refusal names a task file and --vocab; with --vocab auto, scan → detect → report go through."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from gather_aggregate.zoo import zoo_path
+
+    tok = PreTrainedTokenizerFast.from_pretrained(zoo_path("llama-kvmc"))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4)).save_pretrained(tmp_path / "own")
+    tok.save_pretrained(tmp_path / "own")
+    args = ["--model", str(tmp_path / "own"), "--n", "6", "--out", str(tmp_path / "study"), "--no-progress"]
+    assert main(["scan", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "tokenises to the unknown token" in err and "--task-file" in err and "--vocab auto" in err
+    for step in ("scan", "detect"):
+        assert main([step, *args, "--vocab", "auto"]) == 0
+    assert main(["report", str(tmp_path / "study")]) == 0
+    assert "no Gather or Aggregate head was named" in (tmp_path / "study" / "report.html").read_text()
+    assert main(["detect", *args]) == 2  # the study's words are recorded, but each step is given them
+    assert "--vocab auto" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -28,6 +28,9 @@ def precheck(args: argparse.Namespace) -> None:
         if args.user_task is not None and getattr(args, "dict_size", None):
             raise InputError("--dict-size sets the built-in kv/mqar tasks' size; a task file or factory fixes its "
                              "own prompts, so drop --dict-size")
+        if args.user_task is not None and getattr(args, "vocab", None):
+            raise InputError("--vocab sets the built-in kv/mqar tasks' words; a task file or factory brings its own, "
+                             "so drop --vocab")
         args.task = args.user_task.name if args.user_task is not None else (args.task or "kv")
 
     resolve_source(resolve_model_path(args.model))
@@ -80,7 +83,7 @@ def study_of(args: argparse.Namespace) -> Any:
     user = getattr(args, "user_task", None)
     study = Study(args.model, user if user is not None else args.task, n=args.n, seed=args.seed, folder=args.out,
                   dict_size=getattr(args, "dict_size", None), device=args.device, progress=_progress(args),
-                  echo=True, task_file=getattr(args, "task_file", None))
+                  echo=True, task_file=getattr(args, "task_file", None), vocab=getattr(args, "vocab", None))
     CONTINUE["study"] = study
     return study
 

@@ -95,6 +95,9 @@ def _task(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dict-size", type=int_in_range("--dict-size", 1), default=None,
                    help="KV / MQAR dictionary size (default: the task's, or the zoo model's trained size)")
     p.add_argument("--seed", type=int_in_range("--seed", 0), default=0, help="seed of the task's prompts")
+    p.add_argument("--vocab", default=None, metavar="auto|FILE.json",
+                   help="the kv/mqar keys and values: auto (words the model's tokenizer writes as one token) or a "
+                        'JSON file {"keys": [...], "values": [...]} (default: the task\'s, or the zoo model\'s)')
 
 
 def _out(p: argparse.ArgumentParser, cmd: str, files: str) -> None:

@@ -61,7 +61,8 @@ class Study:
 
     def __init__(self, model: Any, task: Any = "kv", *, n: int = 64, seed: int = 0, folder: str | Path | None = None,
                  dict_size: int | None = None, device: str = "cpu", model_name: str | None = None,
-                 progress: bool = False, echo: bool = False, task_file: str | None = None) -> None:
+                 progress: bool = False, echo: bool = False, task_file: str | None = None,
+                 vocab: str | None = None) -> None:
         from gather_aggregate.tasks.registry import get_task
 
         self.progress, self.echo, self.device = progress, echo, device
@@ -75,13 +76,21 @@ class Study:
             self.model, self.model_dir = model, None
             self.model_name = model_name or getattr(getattr(model, "cfg", None), "model_name", None) or "model"
         if isinstance(task, str):
-            kwargs = {"n_pairs": dict_size} if dict_size and task.replace("_", "-") in ("kv", "mqar") else {}
+            word_task = task.replace("_", "-") in ("kv", "mqar")
+            kwargs: dict[str, Any] = {"n_pairs": dict_size} if dict_size and word_task else {}
+            if vocab is not None:
+                from gather_aggregate.tasks.own_words import read_vocab
+
+                if not word_task:
+                    raise InputError(f"--vocab sets the kv/mqar tasks' keys and values; task {task!r} has none: "
+                                     "drop --vocab, or pass a task file (--task-file)")
+                kwargs.update(read_vocab(vocab, self.model.tokenizer))
             model_dir = self.model_dir if self.model_dir is not None and self.model_dir.is_dir() else None
             self.task = get_task(task, model_dir=model_dir, **kwargs)
             self.task_name = task
         else:
             self.task, self.task_name = task, getattr(task, "name", type(task).__name__)
-        self.n, self.seed, self.dict_size, self.task_file = n, seed, dict_size, task_file
+        self.n, self.seed, self.dict_size, self.task_file, self.vocab = n, seed, dict_size, task_file, vocab
         self.examples = self.task.examples(self.model.tokenizer, n=n, seed=seed)
         self.prompts = prompts_fingerprint(self.examples)
         self.provenance = Provenance.of_model(self.model, model_name=self.model_name, task_name=self.task_name,
@@ -95,7 +104,7 @@ class Study:
         that a command refused for its options leaves no folder behind."""
         if self.folder is not None and not self._bound:
             self.folder.bind(self.provenance, {"prompts": self.prompts, "dict_size": self.dict_size,
-                                               "task_file": self.task_file,
+                                               "task_file": self.task_file, "vocab": self.vocab,
                                                "model_dir": None if self.model_dir is None else str(self.model_dir)})
             self._bound = True
 
@@ -113,7 +122,7 @@ class Study:
             task = resolve_user_task(None, meta["task_file"])
         return cls(model if model is not None else meta.get("model_dir") or meta["model_name"], task, n=meta["n"],
                    seed=meta["seed"], folder=folder, dict_size=meta.get("dict_size"), task_file=meta.get("task_file"),
-                   model_name=meta["model_name"], **kwargs)
+                   vocab=meta.get("vocab"), model_name=meta["model_name"], **kwargs)
 
     def __repr__(self) -> str:
         held = ", ".join(self.folder.kinds()) if self.folder is not None else ", ".join(self._results)
