@@ -75,6 +75,7 @@ class Study:
         else:
             self.model, self.model_dir = model, None
             self.model_name = model_name or getattr(getattr(model, "cfg", None), "model_name", None) or "model"
+        self.task_spec: str | None = None
         if isinstance(task, str):
             word_task = task.replace("_", "-") in ("kv", "mqar")
             kwargs: dict[str, Any] = {"n_pairs": dict_size} if dict_size and word_task else {}
@@ -90,6 +91,7 @@ class Study:
             self.task_name = task
         else:
             self.task, self.task_name = task, getattr(task, "name", type(task).__name__)
+            self.task_spec = getattr(task, "spec", None) or None  # a factory's MODULE:CALLABLE, to open it again
         self.n, self.seed, self.dict_size, self.task_file, self.vocab = n, seed, dict_size, task_file, vocab
         self.examples = self.task.examples(self.model.tokenizer, n=n, seed=seed)
         self.prompts = prompts_fingerprint(self.examples)
@@ -104,7 +106,8 @@ class Study:
         that a command refused for its options leaves no folder behind."""
         if self.folder is not None and not self._bound:
             self.folder.bind(self.provenance, {"prompts": self.prompts, "dict_size": self.dict_size,
-                                               "task_file": self.task_file, "vocab": self.vocab,
+                                               "task_file": self.task_file, "task_spec": self.task_spec,
+                                               "vocab": self.vocab,
                                                "model_dir": None if self.model_dir is None else str(self.model_dir)})
             self._bound = True
 
@@ -116,10 +119,10 @@ class Study:
             raise InputError(f"{str(folder)!r} holds no study (no meta.json); run a step with --out {folder} first, "
                              "or pass the folder a step wrote")
         task: Any = meta["task_name"]
-        if meta.get("task_file"):
+        if meta.get("task_file") or meta.get("task_spec"):  # a task file, or a MODULE:CALLABLE factory
             from gather_aggregate.tasks.taskfile import resolve_user_task
 
-            task = resolve_user_task(None, meta["task_file"])
+            task = resolve_user_task(meta.get("task_spec"), meta.get("task_file"))
         return cls(model if model is not None else meta.get("model_dir") or meta["model_name"], task, n=meta["n"],
                    seed=meta["seed"], folder=folder, dict_size=meta.get("dict_size"), task_file=meta.get("task_file"),
                    vocab=meta.get("vocab"), model_name=meta["model_name"], **kwargs)
