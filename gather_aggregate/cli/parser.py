@@ -61,10 +61,17 @@ class Parser(argparse.ArgumentParser):
 
 
 # ---- option groups ----------------------------------------------------------------------------------
-def _general(p: argparse.ArgumentParser) -> None:
+def _general(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show transformers' weight-loading bars and warnings (quiet by default)")
     p.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+    if not threads:  # `zoo train` has its own --threads (default 1)
+        return
+    from gather_aggregate.cli.threads import threads_arg
+
+    p.add_argument("--threads", type=threads_arg, default="auto", metavar="auto|N",
+                   help="CPU threads for torch; auto: the cores not busy with other work (the load average), so a "
+                        "busy machine does not make every step spin (OMP_NUM_THREADS, if set, is kept)")
 
 
 def _model(p: argparse.ArgumentParser) -> None:
@@ -239,7 +246,7 @@ def _zoo_actions(p: argparse.ArgumentParser) -> None:
     from gather_aggregate.training.train_args import add_train_arguments
 
     add_train_arguments(t, out_required=False)
-    _general(t)
+    _general(t, threads=False)
     shown = [a.option_strings[-1] + (" {" + ",".join(a.choices) + "}" if a.choices else "")
              for a in t._actions if a.option_strings and a.option_strings[-1] != "--help"]
     p.epilog = "`zoo train` options (details: `gather-aggregate zoo train --help`): " + ", ".join(shown)
@@ -286,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     _quiet(getattr(args, "verbose", False))
+    from gather_aggregate.cli.threads import choose_threads
+
+    choose_threads(getattr(args, "threads", None))
     target, _ = COMMANDS[args.command]
     module_name, func_name = target.split(":")
     try:
