@@ -193,7 +193,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     results = Path(args.study or args.results or "ga_out")
     if results.is_file():
-        raise InputError(f"{str(results)!r} is a file; pass the study folder a subcommand's --out wrote "
+        raise InputError(f"{str(results)!r} is a file; pass the directory (the study folder) a subcommand's --out wrote "
                          f"(e.g. {str(results.parent)!r})")
     if not results.is_dir():
         raise InputError(f"study folder {str(results)!r} does not exist; run scan/detect/eval with --out first")
