@@ -99,8 +99,8 @@ def test_report_names_model_and_task_in_every_section(chain):
 
 @pytest.mark.browser
 def test_every_figure_of_the_study_report_renders_in_chromium(chain):
-    """Opened in headless Chromium and waited on with no time limit: every plotly figure drawn, the circuit and
-    the token strips there, nothing fetched, no script error."""
+    """Opened in headless Chromium, with no time limit and nothing waited on after the load event: every plotly
+    figure drawn, the circuit and the token strips there, nothing fetched, no script error."""
     from test_report_browser import CHROMIUM, FLAGS
 
     if not Path(CHROMIUM).exists():
@@ -117,7 +117,8 @@ def test_every_figure_of_the_study_report_renders_in_chromium(chain):
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("request", lambda r: requests.append(r.url))
             page.goto(path.as_uri(), wait_until="load", timeout=0)
-            page.wait_for_function("document.documentElement.dataset.gaReady === '1'", timeout=0)
+            # nothing waited on: at the load event every script has run (the libraries unpack synchronously)
+            ready = page.evaluate("document.documentElement.dataset.gaReady")
             figs = page.evaluate("""Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => ({
                 svgs: d.querySelectorAll('.main-svg').length, heat: d.querySelectorAll('.hm image').length}))""")
             svg = page.evaluate("document.querySelectorAll('svg.ga-circuit, section svg').length")
@@ -125,6 +126,7 @@ def test_every_figure_of_the_study_report_renders_in_chromium(chain):
         finally:
             browser.close()
     assert not errors, errors
+    assert ready == "1"
     assert all(u.startswith(("file://", "data:", "blob:", "about:")) for u in requests), requests
     assert len(figs) == 2 and all(f["svgs"] >= 1 and f["heat"] >= 1 for f in figs), figs
     assert svg >= 1 and strips == 2
@@ -291,3 +293,36 @@ def test_an_own_checkpoint_whose_vocabulary_lacks_the_task_words_goes_through(tm
     assert "no Gather or Aggregate head was named" in (tmp_path / "study" / "report.html").read_text()
     assert main(["detect", *args]) == 2  # the study's words are recorded, but each step is given them
     assert "--vocab auto" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.browser
+def test_the_reports_inflate_matches_gzip_on_every_block_type():
+    """The loader's synchronous inflate against Python's gzip: empty, fixed-Huffman, stored (incompressible, over
+    64 KiB: several stored blocks) and dynamic-Huffman members."""
+    import base64
+    import gzip
+    import random
+
+    from test_report_browser import CHROMIUM, FLAGS
+
+    from gather_aggregate.viz.assets import unpack_loader
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"Debian chromium is not installed at {CHROMIUM}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    rng = random.Random(0)
+    cases = [b"", b"abcabcabc", bytes(rng.getrandbits(8) for _ in range(70_000)),
+             " ".join(rng.choice(["gather", "aggregate", "head", "L1H2", "0.95"]) for _ in range(20_000)).encode()]
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_content(f"<html><head>{unpack_loader()}</head><body></body></html>")
+            for data in cases:
+                packed = base64.b64encode(gzip.compress(data, compresslevel=9, mtime=0)).decode()
+                got = page.evaluate("""(b) => { const out = window.gaGunzip(Uint8Array.from(atob(b), c => c.charCodeAt(0)));
+                    let s = ""; for (let i = 0; i < out.length; i += 8192) s += String.fromCharCode(...out.subarray(i, i + 8192));
+                    return btoa(s); }""", packed)
+                assert base64.b64decode(got) == data, len(data)
+        finally:
+            browser.close()
