@@ -128,7 +128,7 @@ def test_exact_edges_equal_a_brute_force_path_patch(case):
         def shift(t, hook, d=d):
             return t + d.to(t.dtype)
 
-        def keep(t, hook, name=x.hook):
+        def keep(t, hook, name=x.hook, seen=seen):
             seen[name] = t.detach()
 
         with torch.no_grad(), model.hooks(fwd_hooks=[(src, shift), (x.hook, keep)]):
