@@ -3,9 +3,9 @@
 **One edge** ``u → v.i``: the receiver's input ``i`` is computed from its source (the residual entering its layer,
 or the layer's convolution output) plus ``u``'s output change, ``src + (u_ablated − u_clean)``, while every other
 input, of ``v`` and of every other node, sees the clean run.  The effect is ``M(patched) − M(clean)``.  Edges are
-scored in stacked copies of the batch, one copy per edge, resumed at the receiver's layer (``start_at_layer``):
-the input's value for each copy comes from a local run of the layer on that copy's source, and a hook writes it
-into the input's unit of its hook.
+scored in stacked copies of the batch, one copy per edge (the edges into one layer's inputs of one source share a
+forward), resumed at the receiver's layer (``start_at_layer``): the input's value for each copy comes from a local
+run of the layer on that copy's source, and a hook writes it into that copy's unit of the input's hook.
 
 **A circuit** (any set of kept edges, :func:`run_circuit`): every edge outside it is ablated at once, and the
 changes propagate.  Stage by stage through the forward (a layer's residual inputs, its convolution's inputs, its
@@ -27,6 +27,7 @@ from torch import Tensor
 from gather_aggregate.attribution.edge_values import (
     SenderValues,
     capture,
+    copies_hook,
     input_values,
     masked_delta,
     source_deltas,
@@ -66,26 +67,30 @@ def exact_edge_effects(model: HookedModel, graph: CircuitGraph, tokens: Tensor, 
     delta = {h: (ablated[h].to(state[h].dtype) - state[h]) * scale for h in sender_hooks(graph)}
     if edges is None:
         edges = [tuple(e) for e in graph.valid.nonzero().tolist()]
-    by_input: dict[int, list[int]] = defaultdict(list)
+    by_stage: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
     for i, s in edges:
-        by_input[i].append(s)
+        x = graph.inputs[i]
+        by_stage[(x.layer, x.source)].append((i, s))
     b = tokens.shape[0]
     out: dict[tuple[int, int], float] = {}
-    for i, senders in by_input.items():
-        x = graph.inputs[i]
-        src = state[graph.source_hook(x.layer, x.source)]
-        resid = state[f"blocks.{x.layer}.hook_resid_pre"]
-        for c in range(0, len(senders), chunk):
-            part = senders[c:c + chunk]
+    for (layer, source), items in by_stage.items():
+        src = state[graph.source_hook(layer, source)]
+        resid = state[f"blocks.{layer}.hook_resid_pre"]
+        for c in range(0, len(items), chunk):
+            part = items[c:c + chunk]
+            xs = [graph.inputs[i] for i, _ in part]
             with torch.no_grad():
-                d = source_deltas(graph, x, part, delta)
-                patched = src[None] + d.to(src.dtype)
-                stacked = torch.cat(input_values(model, graph, [x] * len(part), patched, resid))  # [parts*b, ...]
+                d = torch.cat([source_deltas(graph, x, [s], delta) for x, (_, s) in zip(xs, part)])
+                values = input_values(model, graph, xs, src[None] + d.to(src.dtype), resid)
+                writes: dict[str, list[tuple[int, int, Tensor]]] = defaultdict(list)
+                for r, (x, v) in enumerate(zip(xs, values)):
+                    writes[x.hook].append((r, x.unit, v))
+                n_units = {x.hook: x.n_units for x in xs}
                 start = resid.repeat(len(part), *([1] * (resid.dim() - 1)))
-                with model.hooks(fwd_hooks=[(x.hook, unit_hook(x.n_units, {x.unit: stacked}))]):
-                    logits = model(start, start_at_layer=x.layer)
-            for s, m in zip(part, _metric_rows(metric, logits, b)):
-                out[(i, s)] = m - m_clean
+                with model.hooks(fwd_hooks=[(h, copies_hook(n_units[h], b, w)) for h, w in writes.items()]):
+                    logits = model(start, start_at_layer=layer)
+            for e, m in zip(part, _metric_rows(metric, logits, b)):
+                out[e] = m - m_clean
     return out
 
 

@@ -160,3 +160,16 @@ def unit_hook(n_units: int, units: dict[int, Tensor]) -> Any:
         return z.reshape(t.shape)
 
     return hook
+
+
+def copies_hook(n_units: int, batch: int, writes: Sequence[tuple[int, int, Tensor]]) -> Any:
+    """A forward hook on stacked copies of a ``batch``: for each ``(copy, unit, value)`` it writes ``value``
+    (``[batch, pos, width]``) into that unit of that copy's rows, and leaves every other copy as it is."""
+
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        z = view_units(t.clone(), n_units)
+        for c, u, v in writes:
+            z[c * batch:(c + 1) * batch, :, u] = v.to(z.dtype).reshape(z[c * batch:(c + 1) * batch, :, u].shape)
+        return z.reshape(t.shape)
+
+    return hook
