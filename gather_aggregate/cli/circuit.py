@@ -1,5 +1,6 @@
 """``gather-aggregate circuit``: edge attribution of a model on a task, its strongest edges re-scored exactly, the
-detector's named G&A circuit and its faithfulness, written as a table and an offline figure."""
+detector's named G&A circuit (the study's detection when it has one) and its faithfulness, written as a table and
+an offline figure into the study folder."""
 
 from __future__ import annotations
 
@@ -23,31 +24,32 @@ def add_circuit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-detect", action="store_true", help="skip the detector (no roles, no faithfulness)")
 
 
+def _roles(detection: Any) -> tuple[list[str], list[str], list[int]]:
+    """Gather and Aggregate node names (a convolution named as the Gather is ``L{l}conv``) of a detection: the
+    detector's :class:`GAHeads` or the study's saved :class:`DetectionResult`."""
+    conv = list(getattr(detection, "gather_conv", None) or getattr(detection, "meta", {}).get("gather_conv") or [])
+    gather = [f"L{a}H{b}" for a, b in detection.gather] + [f"L{la}conv" for la in conv]
+    return gather, [f"L{a}H{b}" for a, b in detection.aggregate], conv
+
+
 def run_circuit(args: argparse.Namespace) -> int:
+    from types import SimpleNamespace
+
     from gather_aggregate.attribution.edges import edge_attribution, rescore
     from gather_aggregate.attribution.graph import build_graph
-    from gather_aggregate.core.results_io import atomic_write_json, atomic_write_text, out_dir, write_table
-    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.cli.commands import study_of
+    from gather_aggregate.core.results_io import atomic_write_json, atomic_write_text, write_table
     from gather_aggregate.tasks.metric import task_metric
-    from gather_aggregate.tasks.registry import get_task
     from gather_aggregate.viz.circuit_graph import circuit_figure, circuit_html
-    from gather_aggregate.zoo import resolve_model_path
 
-    if getattr(args, "task_file", None) or (args.task and ":" in args.task):
-        raise InputError("circuit runs on the built-in tasks (kv, mqar, letter-mc, ...); a task file or factory is "
-                         "not supported here yet: pass --task NAME")
-    path = resolve_model_path(args.model)
-    out = out_dir(args.out, "ga_out/circuit")
-    model = load_model(path, device=args.device)
-    kwargs: dict[str, Any] = {"n_pairs": args.dict_size} if args.dict_size and args.task in ("kv", "mqar") else {}
-    task = get_task(args.task or "kv", model_dir=Path(path) if Path(path).is_dir() else None, **kwargs)
-    examples = task.examples(model.tokenizer, n=args.n, seed=args.seed)
+    if args.ablation == "resample" and args.n < 2:
+        raise InputError("--ablation resample needs at least two prompts (--n 2 or more)")
+    study = study_of(args)
+    model, examples = study.model, study.examples
     tokens, metric = task_metric(model, examples)
     if args.ablation in ("resample", "mean") and len({e.query_pos for e in examples}) != 1:
         raise InputError(f"--ablation {args.ablation} pairs prompts position by position and these prompts have "
                          "several lengths; use --ablation zero, or a task whose prompts share one length")
-    if args.ablation == "resample" and tokens.shape[0] < 2:
-        raise InputError("--ablation resample needs at least two prompts (--n 2 or more)")
     graph = build_graph(model)
     opts = {"method": args.ablation, "reference": tokens if args.ablation != "zero" else None}
     est = edge_attribution(model, tokens, metric, graph=graph, estimator=args.estimator, steps=args.steps, **opts)
@@ -60,25 +62,32 @@ def run_circuit(args: argparse.Namespace) -> int:
         from gather_aggregate.detect.detector import find_ga_heads
         from gather_aggregate.studies.faithfulness import faithfulness, named_nodes
 
-        ga = find_ga_heads(model, examples)
-        gather = [f"L{a}H{b}" for a, b in ga.gather] + [f"L{la}conv" for la in ga.gather_conv]
-        aggregate = [f"L{a}H{b}" for a, b in ga.aggregate]
-        nodes = named_nodes(ga, graph)
+        detection = study.saved("detect")
+        if detection is not None:
+            print(f"circuit: uses the study's detection {study.out('detect')}")
+        else:
+            print("circuit: the study has no detection; naming the G&A heads without a head scan (run `detect` "
+                  "first to keep one in the study)")
+            detection = find_ga_heads(model, examples)
+        gather, aggregate, conv = _roles(detection)
+        nodes = named_nodes(SimpleNamespace(gather=detection.gather, aggregate=detection.aggregate,
+                                            gather_conv=conv), graph)
         if nodes:
             faith = {"nodes": nodes, **faithfulness(model, tokens, metric, nodes=nodes, graph=graph, **opts)}
     for r in rows:
         r["role"] = ("gather" if r["sender"] in gather else "aggregate" if r["sender"] in aggregate else "") + (
             " → aggregate" if r["receiver"] in aggregate else " → gather" if r["receiver"] in gather else "")
-    meta = {"model_name": args.model, "task_name": args.task or "kv", "n": int(tokens.shape[0]), "seed": args.seed,
-            "estimator": args.estimator, "steps": est.steps, "ablation": args.ablation, "n_edges": graph.n_edges,
-            "gather": gather, "aggregate": aggregate, "faithfulness": faith}
-    write_table(rows, out / "circuit.json", meta)
-    atomic_write_json(out / "faithfulness.json", faith)
+    folder = study.folder.path if study.folder is not None else Path(args.out)
+    meta = study.meta(estimator=args.estimator, steps=est.steps, ablation=args.ablation, n_edges=graph.n_edges,
+                      gather=gather, aggregate=aggregate, faithfulness=faith)
+    write_table(rows, folder / "circuit.json", meta)
+    atomic_write_json(folder / "faithfulness.json", {**study.meta(ablation=args.ablation), **faith})
     fig = circuit_figure(est, top=args.top, gather=gather, aggregate=aggregate,
-                         title=f"{args.model}: strongest {args.top} edges ({args.estimator}, exact where re-scored)")
-    atomic_write_text(out / "circuit.html", circuit_html(fig, rows, title=f"{args.model} circuit"))
+                         title=f"{study.model_name}: strongest {args.top} edges ({args.estimator}, exact where "
+                               "re-scored)")
+    atomic_write_text(folder / "circuit.html", circuit_html(fig, rows, title=f"{study.model_name} circuit"))
     print(f"{graph.n_edges} edges scored ({args.estimator}); the {len(rows)} strongest re-scored exactly -> "
-          f"{out}/circuit.json, circuit.csv, circuit.html")
+          f"{folder}/circuit.json, circuit.csv, circuit.html")
     for r in rows[:10]:
         print(f"  {r['sender']:>8} -> {r['receiver']}.{r['input']:<5} {args.estimator} {r[args.estimator]:+.4f}  "
               f"exact {r['exact']:+.4f}  {r['role']}")

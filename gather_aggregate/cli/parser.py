@@ -217,7 +217,7 @@ def _circuit_options(p: argparse.ArgumentParser) -> None:
 
     _model(p), _task(p)
     add_circuit_options(p)
-    _out(p, "circuit", "circuit.json/.csv (the strongest edges), faithfulness.json and circuit.html (the figure)")
+    _study(p, "circuit.json/.csv (the strongest edges), faithfulness.json and circuit.html (the figure)")
 
 
 def _report_options(p: argparse.ArgumentParser) -> None:
@@ -265,7 +265,8 @@ def _zoo_actions(p: argparse.ArgumentParser) -> None:
 #: the subcommands in ``--help`` order, each with what adds its own options
 _OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "demo": _demo_options, "eval": _eval_options, "scan": _scan_options, "detect": _detect_options,
-    "ablate": _ablate_options, "pattern": _pattern_options, "circuit": _circuit_options, "report": _report_options, "memory": _memory_options,
+    "ablate": _ablate_options, "pattern": _pattern_options, "circuit": _circuit_options, "report": _report_options,
+    "memory": _memory_options,
     "lm-eval": _lm_eval_options, "zoo": _zoo_actions,
 }
 
