@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "name the Gather and Aggregate heads (pattern evidence, then causal tests against random heads)"),
     "ablate": ("gather_aggregate.cli.commands:run_ablate", "evaluate with a set of heads ablated"),
     "pattern": ("gather_aggregate.cli.commands:run_pattern", "save (implied) attention patterns of a layer on one prompt"),
+    "circuit": ("gather_aggregate.cli.circuit:run_circuit",
+                "score every edge (EAP / EAP-IG), re-score the strongest exactly, measure the G&A circuit's faithfulness"),
     "report": ("gather_aggregate.cli.commands:run_report", "build a self-contained HTML report from results"),
     "zoo": ("gather_aggregate.cli.commands:run_zoo", "the toy zoo: `zoo list`, `zoo train`"),
     "memory": ("gather_aggregate.cli.memory:cmd_memory",
@@ -210,6 +212,14 @@ def _pattern_options(p: argparse.ArgumentParser) -> None:
     _study(p, "pattern.json/.csv (head, query, key, weight)")
 
 
+def _circuit_options(p: argparse.ArgumentParser) -> None:
+    from gather_aggregate.cli.circuit import add_circuit_options
+
+    _model(p), _task(p)
+    add_circuit_options(p)
+    _study(p, "circuit.json/.csv (the strongest edges), faithfulness.json and circuit.html (the figure)")
+
+
 def _report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("study", nargs="?", default=None, metavar="STUDY",
                    help="a study folder (or a folder of several: one group of sections per study)")
@@ -255,7 +265,8 @@ def _zoo_actions(p: argparse.ArgumentParser) -> None:
 #: the subcommands in ``--help`` order, each with what adds its own options
 _OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "demo": _demo_options, "eval": _eval_options, "scan": _scan_options, "detect": _detect_options,
-    "ablate": _ablate_options, "pattern": _pattern_options, "report": _report_options, "memory": _memory_options,
+    "ablate": _ablate_options, "pattern": _pattern_options, "circuit": _circuit_options, "report": _report_options,
+    "memory": _memory_options,
     "lm-eval": _lm_eval_options, "zoo": _zoo_actions,
 }
 
