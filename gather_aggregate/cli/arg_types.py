@@ -64,10 +64,3 @@ def head_indices(text: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError("no head indices given; e.g. --heads 0,2, or leave --heads out for all heads")
     return out
-
-
-def threads_arg(text: str) -> int | str:
-    """``--threads``: ``auto`` or a whole number of at least 1."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    return int_in_range("--threads", 1)(text)

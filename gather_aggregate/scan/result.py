@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gather_aggregate.core.arguments import HEAD_KINDS, count, names, number
 from gather_aggregate.core.errors import InputError, NonFiniteError, ProvenanceError
@@ -32,6 +32,7 @@ class ScanResult:
 
     rows: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    KIND: ClassVar[str] = "scan"  # its name in a study folder
 
     def __post_init__(self) -> None:  # a row without a score was a KeyError in .top(); rows="..." a TypeError
         if (problem := table_problem({"meta": self.meta, "rows": self.rows})) is not None:
@@ -65,6 +66,7 @@ class ScanResult:
             raise InputError(f"{what} ranks nothing: all {len(self.rows)} heads score {values.pop():g} (a mean or "
                              "resample baseline over one prompt, or a metric that ignores the model?); rescan with "
                              "method='zero' or two or more prompts")
+
 
     def ranked(self) -> ScanResult:
         rows = sorted(self.rows, key=lambda r: (-r["score"], r["layer"], r["head"]))
