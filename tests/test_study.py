@@ -220,20 +220,24 @@ def test_each_typed_result_saves_loads_and_refuses_another_kind(tmp_path):
 
 
 def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path):
+    """An attention study and an SSM study in one folder: a named group of sections each, and the sharp (attention)
+    against smooth (SSM) Aggregate rows drawn across them."""
     import shutil
 
     from gather_aggregate.studies import Study
 
     shutil.copytree(chain[0], tmp_path / "a")
-    Study("llama-kvmc", "kv", n=8, seed=2, folder=tmp_path / "b").eval()
+    Study("mamba2-ga", "kv", n=16, seed=0, folder=tmp_path / "b").detect()
     assert main(["report", str(tmp_path)]) == 0
     html = (tmp_path / "report.html").read_text()
     titles = re.findall(r"<h2>(.*?)</h2>", html)
     assert "gather-aggregate: 2 studies" in html
-    for name in ("llama-kvmc · kv (16 prompts, seed 0)", "llama-kvmc · kv (8 prompts, seed 2)"):
-        assert name in titles  # each study's group opens with its name
-    assert all(t.startswith("llama-kvmc · kv (") for t in titles)
-    assert "llama-kvmc on kv (16 prompts, seed 0)" in html and "llama-kvmc on kv (8 prompts, seed 2)" in html
+    assert titles[0] == "llama-kvmc · kv" and "mamba2-ga · kv" in titles  # each group opens with its name
+    assert "llama-kvmc on kv (16 prompts, seed 0)" in html and "mamba2-ga on kv (16 prompts, seed 0)" in html
+    for model in ("llama-kvmc", "mamba2-ga"):
+        assert f"{model} · kv: the circuit" in titles and f"{model} · kv: sharp or smooth: the Aggregate row on that prompt" in titles
+    assert titles[-1] == "Sharp (attention) vs smooth (SSM): llama-kvmc · kv and mamba2-ga · kv"
+    assert all(t.startswith(("llama-kvmc · kv", "mamba2-ga · kv", "Sharp")) for t in titles)
 
 
 # ---- docs/getting-started.md shows what the chain prints ---------------------------------------------------------

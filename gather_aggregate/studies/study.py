@@ -246,7 +246,9 @@ class Study:
             source = self.out("scan")
             self._say(f"detect: uses the study's scan {source} ({len(scan.rows)} heads; no head scan run)")
         else:
-            self._say("detect: the study has no complete scan; scanning first")
+            partial = scan is not None  # an interrupted scan: continued, not discarded
+            self._say("detect: continuing the study's partial scan first" if partial
+                      else "detect: the study has no scan; scanning first")
             scan, source = self.scan(resume=True), self.out("scan")
         ga = find_ga_heads(self.model, self.examples, scan, reading=reading)
         result = DetectionResult.of(ga, self.meta(scan=source, reading_asked=reading))
