@@ -22,12 +22,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gather_aggregate.core.errors import InputError, ProvenanceError
 from gather_aggregate.core.protocol import Head
 from gather_aggregate.core.provenance import Provenance
 from gather_aggregate.studies.study_folder import StudyFolder, describe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.interventions.ablation import Method
 
 
 def model_label(given: str | Path) -> tuple[str, Path]:
@@ -68,6 +71,7 @@ class Study:
         from gather_aggregate.tasks.registry import get_task
 
         self.progress, self.echo, self.device = progress, echo, device
+        self.model_dir: Path | None = None
         if isinstance(model, (str, Path)):
             from gather_aggregate.models.loading import load_model
 
@@ -185,7 +189,7 @@ class Study:
         res.meta.update(self.meta())
         return self._keep("eval", res)
 
-    def scan(self, mode: str = "exact", ablation: str = "zero", *, resume: bool | None = None, fresh: bool = False,
+    def scan(self, mode: str = "exact", ablation: Method = "zero", *, resume: bool | None = None, fresh: bool = False,
              exact_prompts: int = 0, ray: str | None = None, workers: int = 2) -> Any:
         """Every head's ablation drop (:class:`~gather_aggregate.scan.result.ScanResult`).  The study's complete
         scan of this mode and ablation is returned as it is; a partial one is continued with ``resume=True``,
@@ -225,7 +229,7 @@ class Study:
             from gather_aggregate.attribution.estimators import attribution_scan
 
             result = attribution_scan(self.model, tokens, metric, method=ablation, reference=reference,
-                                      estimator=mode, exact_prompts=exact_prompts)
+                                      estimator=cast(Any, mode), exact_prompts=exact_prompts)
         result.meta.setdefault("ablation_seed", result.meta.get("seed", 0))  # the resample seed; "seed": the prompts'
         result.meta.update(self.meta())
         return self._keep("scan", result, {"mode": mode, "ablation": ablation})
@@ -254,7 +258,7 @@ class Study:
         result = DetectionResult.of(ga, self.meta(scan=source, reading_asked=reading))
         return self._keep("detect", result, {"reading": reading, "scan": source})
 
-    def ablate(self, heads: Sequence[Head] | None = None, method: str = "zero") -> Any:
+    def ablate(self, heads: Sequence[Head] | None = None, method: Method = "zero") -> Any:
         """Accuracy with ``heads`` ablated together (default: the study's named G&A heads), added to the study's
         :class:`~gather_aggregate.studies.ablation_result.AblationResult` (earlier ablations are kept)."""
         from gather_aggregate.studies.ablation_result import AblationResult
