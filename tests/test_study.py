@@ -199,6 +199,9 @@ def test_the_same_study_from_python_reopened_reuses_every_result(tmp_path):
     assert "ScanResult" in repr(again.saved("scan")) and "DetectionResult" in det._repr_html_()
     assert list(det.to_pandas().columns[:3]) == ["layer", "head", "kind"]
     assert "L0H2" in repr(det) and "pattern share" in repr(det)
+    view = again._repr_html_()  # the study in a notebook: whose, where, and each result's caption
+    assert "llama-kvmc on kv (16 prompts, seed 0)" in view and "<code>scan</code>: 16 heads, exact" in view
+    assert "<code>detect</code>: Gather L0H2, Aggregate L1H1 L1H3 L1H0 L1H2" in view
 
 
 def test_each_typed_result_saves_loads_and_refuses_another_kind(tmp_path):

@@ -137,6 +137,17 @@ class Study:
         held = ", ".join(self.folder.kinds()) if self.folder is not None else ", ".join(self._results)
         return f"Study({describe(self.meta())}; holds: {held or 'nothing yet'})"
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: whose study it is and the results it holds, each with its one-line caption."""
+        import html
+
+        kinds = self.folder.kinds() if self.folder is not None else list(self._results)
+        items = "".join(f"<li><code>{k}</code>: {html.escape(getattr(self.saved(k), 'caption', lambda: '')())}</li>"
+                        for k in kinds)
+        where = f" in <code>{html.escape(str(self.folder.path))}</code>" if self.folder is not None else ""
+        return (f"<p><b>Study</b>: {html.escape(describe(self.meta()))}{where}</p>"
+                + (f"<ul>{items}</ul>" if items else "<p>no results yet</p>"))
+
     # ---- shared plumbing ---------------------------------------------------------------------------------
     def meta(self, **extra: Any) -> dict[str, Any]:
         """What every result of this study records: its provenance, the prompts' fingerprint, and ``extra``."""
