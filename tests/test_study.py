@@ -222,7 +222,7 @@ def test_each_typed_result_saves_loads_and_refuses_another_kind(tmp_path):
         result_type("ablate").load(tmp_path / "eval.json")
 
 
-def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path):
+def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path, capsys):
     """An attention study and an SSM study in one folder: a named group of sections each, and the sharp (attention)
     against smooth (SSM) Aggregate rows drawn across them."""
     import shutil
@@ -231,7 +231,10 @@ def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path):
 
     shutil.copytree(chain[0], tmp_path / "a")
     Study("mamba2-ga", "kv", n=16, seed=0, folder=tmp_path / "b").detect()
+    (tmp_path / "demo").mkdir()
+    shutil.copy(chain[0] / "scan.json", tmp_path / "demo" / "scan_llama-kvmc.json")  # a loose file: said, left out
     assert main(["report", str(tmp_path)]) == 0
+    assert "note: 1 result file(s) outside the 2 study folder(s) are not in the report" in capsys.readouterr().out
     html = (tmp_path / "report.html").read_text()
     titles = re.findall(r"<h2>(.*?)</h2>", html)
     assert "gather-aggregate: 2 studies" in html
