@@ -199,6 +199,9 @@ def test_the_same_study_from_python_reopened_reuses_every_result(tmp_path):
     assert "ScanResult" in repr(again.saved("scan")) and "DetectionResult" in det._repr_html_()
     assert list(det.to_pandas().columns[:3]) == ["layer", "head", "kind"]
     assert "L0H2" in repr(det) and "pattern share" in repr(det)
+    view = again._repr_html_()  # the study in a notebook: whose, where, and each result's caption
+    assert "llama-kvmc on kv (16 prompts, seed 0)" in view and "<code>scan</code>: 16 heads, exact" in view
+    assert "<code>detect</code>: Gather L0H2, Aggregate L1H1 L1H3 L1H0 L1H2" in view
 
 
 def test_each_typed_result_saves_loads_and_refuses_another_kind(tmp_path):
@@ -219,21 +222,28 @@ def test_each_typed_result_saves_loads_and_refuses_another_kind(tmp_path):
         result_type("ablate").load(tmp_path / "eval.json")
 
 
-def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path):
+def test_a_folder_of_two_studies_gets_one_named_group_each(chain, tmp_path, capsys):
+    """An attention study and an SSM study in one folder: a named group of sections each, and the sharp (attention)
+    against smooth (SSM) Aggregate rows drawn across them."""
     import shutil
 
     from gather_aggregate.studies import Study
 
     shutil.copytree(chain[0], tmp_path / "a")
-    Study("llama-kvmc", "kv", n=8, seed=2, folder=tmp_path / "b").eval()
+    Study("mamba2-ga", "kv", n=16, seed=0, folder=tmp_path / "b").detect()
+    (tmp_path / "demo").mkdir()
+    shutil.copy(chain[0] / "scan.json", tmp_path / "demo" / "scan_llama-kvmc.json")  # a loose file: said, left out
     assert main(["report", str(tmp_path)]) == 0
+    assert "note: 1 result file(s) outside the 2 study folder(s) are not in the report" in capsys.readouterr().out
     html = (tmp_path / "report.html").read_text()
     titles = re.findall(r"<h2>(.*?)</h2>", html)
     assert "gather-aggregate: 2 studies" in html
-    for name in ("llama-kvmc · kv (16 prompts, seed 0)", "llama-kvmc · kv (8 prompts, seed 2)"):
-        assert name in titles  # each study's group opens with its name
-    assert all(t.startswith("llama-kvmc · kv (") for t in titles)
-    assert "llama-kvmc on kv (16 prompts, seed 0)" in html and "llama-kvmc on kv (8 prompts, seed 2)" in html
+    assert titles[0] == "llama-kvmc · kv" and "mamba2-ga · kv" in titles  # each group opens with its name
+    assert "llama-kvmc on kv (16 prompts, seed 0)" in html and "mamba2-ga on kv (16 prompts, seed 0)" in html
+    for model in ("llama-kvmc", "mamba2-ga"):
+        assert f"{model} · kv: the circuit" in titles and f"{model} · kv: sharp or smooth: the Aggregate row on that prompt" in titles
+    assert titles[-1] == "Sharp (attention) vs smooth (SSM): llama-kvmc · kv and mamba2-ga · kv"
+    assert all(t.startswith(("llama-kvmc · kv", "mamba2-ga · kv", "Sharp")) for t in titles)
 
 
 # ---- docs/getting-started.md shows what the chain prints ---------------------------------------------------------

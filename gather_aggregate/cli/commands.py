@@ -206,9 +206,15 @@ def run_report(args: argparse.Namespace) -> int:
     if not results.is_dir():
         raise InputError(f"study folder {str(results)!r} does not exist; run scan/detect/eval with --out first")
     out = Path(args.out) / "report.html" if args.out else None
-    if studies_in(results):
+    if studies := studies_in(results):
         from gather_aggregate.report.from_study import write_study_report
 
+        homes = [st.path.resolve() for st in studies]
+        loose = [f for f in sorted(results.rglob("*.json"))
+                 if not any(h == f.resolve().parent or h in f.resolve().parents for h in homes)]
+        if loose:  # a demo's or an older command's files: said, not mixed in
+            print(f"note: {len(loose)} result file(s) outside the {len(studies)} study folder(s) are not in the "
+                  f"report (e.g. {loose[0]}); `report` on their own folder draws them")
         path = write_study_report(results, out)
     else:  # result files written before study folders (no meta.json)
         from gather_aggregate.report.from_results import build_report_from_dir

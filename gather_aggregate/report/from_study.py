@@ -36,6 +36,22 @@ def _views(study: Any, det: Any) -> dict[str, Any] | None:
     return segment_views(study.model, study.examples[0], det.meta, det.rows, unit)
 
 
+def _sharpness(p: str, views: Mapping[str, Any]) -> Any:
+    """How sharp the Aggregate head's query row is on the prompt drawn (sharp: attention; smooth: SSM)."""
+    from gather_aggregate.report.html import KeyValues
+    from gather_aggregate.viz.circuit import head_name
+    from gather_aggregate.viz.sharpness import row_stats
+
+    st = row_stats(views["aggregate_row"])
+    return KeyValues({"head": f"{head_name(views['aggregate'])} ({views['kind']})",
+                      "entropy (nats)": round(st["entropy"], 3),
+                      "uniform row's entropy (nats)": round(math.log(st["n_keys"]), 3),
+                      "top-1 mass": round(st["top1"], 3), "sharpness index": round(st["sharpness"], 3)},
+                     title=f"{p}: sharp or smooth: the Aggregate row on that prompt",
+                     caption="On the per-row normalised |row| (docs/glossary.md). A folder holding an attention "
+                             "study and an SSM study also draws the two rows side by side.")
+
+
 def _cards(p: str, det: Any) -> list[Any]:
     from gather_aggregate.report.html import Html, Table, _table_html
 
@@ -102,6 +118,7 @@ def study_sections(folder: StudyFolder, study: Any, note: str = "",
 
             secs.append(_circuit_section(p, det.meta, det.rows, views))
             secs.append(_strips_section(p, views, UNIT.get(str(meta.get("task_name")), "segment")))
+            secs.append(_sharpness(p, views))
         secs.append(_scores_figure(p, det, scan))
         secs += _cards(p, det)
     if scan is not None:

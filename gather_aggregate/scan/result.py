@@ -68,6 +68,10 @@ class ScanResult:
                              "method='zero' or two or more prompts")
 
 
+    def caption(self) -> str:
+        """One line: how many heads, how they were scored, the clean metric."""
+        return _caption(self)
+
     def ranked(self) -> ScanResult:
         rows = sorted(self.rows, key=lambda r: (-r["score"], r["layer"], r["head"]))
         for i, r in enumerate(rows, 1):

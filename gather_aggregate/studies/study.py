@@ -22,12 +22,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gather_aggregate.core.errors import InputError, ProvenanceError
 from gather_aggregate.core.protocol import Head
 from gather_aggregate.core.provenance import Provenance
 from gather_aggregate.studies.study_folder import StudyFolder, describe
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gather_aggregate.interventions.ablation import Method
 
 
 def model_label(given: str | Path) -> tuple[str, Path]:
@@ -68,6 +71,7 @@ class Study:
         from gather_aggregate.tasks.registry import get_task
 
         self.progress, self.echo, self.device = progress, echo, device
+        self.model_dir: Path | None = None
         if isinstance(model, (str, Path)):
             from gather_aggregate.models.loading import load_model
 
@@ -133,6 +137,17 @@ class Study:
         held = ", ".join(self.folder.kinds()) if self.folder is not None else ", ".join(self._results)
         return f"Study({describe(self.meta())}; holds: {held or 'nothing yet'})"
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: whose study it is and the results it holds, each with its one-line caption."""
+        import html
+
+        kinds = self.folder.kinds() if self.folder is not None else list(self._results)
+        items = "".join(f"<li><code>{k}</code>: {html.escape(getattr(self.saved(k), 'caption', lambda: '')())}</li>"
+                        for k in kinds)
+        where = f" in <code>{html.escape(str(self.folder.path))}</code>" if self.folder is not None else ""
+        return (f"<p><b>Study</b>: {html.escape(describe(self.meta()))}{where}</p>"
+                + (f"<ul>{items}</ul>" if items else "<p>no results yet</p>"))
+
     # ---- shared plumbing ---------------------------------------------------------------------------------
     def meta(self, **extra: Any) -> dict[str, Any]:
         """What every result of this study records: its provenance, the prompts' fingerprint, and ``extra``."""
@@ -185,7 +200,7 @@ class Study:
         res.meta.update(self.meta())
         return self._keep("eval", res)
 
-    def scan(self, mode: str = "exact", ablation: str = "zero", *, resume: bool | None = None, fresh: bool = False,
+    def scan(self, mode: str = "exact", ablation: Method = "zero", *, resume: bool | None = None, fresh: bool = False,
              exact_prompts: int = 0, ray: str | None = None, workers: int = 2) -> Any:
         """Every head's ablation drop (:class:`~gather_aggregate.scan.result.ScanResult`).  The study's complete
         scan of this mode and ablation is returned as it is; a partial one is continued with ``resume=True``,
@@ -225,7 +240,7 @@ class Study:
             from gather_aggregate.attribution.estimators import attribution_scan
 
             result = attribution_scan(self.model, tokens, metric, method=ablation, reference=reference,
-                                      estimator=mode, exact_prompts=exact_prompts)
+                                      estimator=cast(Any, mode), exact_prompts=exact_prompts)
         result.meta.setdefault("ablation_seed", result.meta.get("seed", 0))  # the resample seed; "seed": the prompts'
         result.meta.update(self.meta())
         return self._keep("scan", result, {"mode": mode, "ablation": ablation})
@@ -246,13 +261,15 @@ class Study:
             source = self.out("scan")
             self._say(f"detect: uses the study's scan {source} ({len(scan.rows)} heads; no head scan run)")
         else:
-            self._say("detect: the study has no complete scan; scanning first")
+            partial = scan is not None  # an interrupted scan: continued, not discarded
+            self._say("detect: continuing the study's partial scan first" if partial
+                      else "detect: the study has no scan; scanning first")
             scan, source = self.scan(resume=True), self.out("scan")
         ga = find_ga_heads(self.model, self.examples, scan, reading=reading)
         result = DetectionResult.of(ga, self.meta(scan=source, reading_asked=reading))
         return self._keep("detect", result, {"reading": reading, "scan": source})
 
-    def ablate(self, heads: Sequence[Head] | None = None, method: str = "zero") -> Any:
+    def ablate(self, heads: Sequence[Head] | None = None, method: Method = "zero") -> Any:
         """Accuracy with ``heads`` ablated together (default: the study's named G&A heads), added to the study's
         :class:`~gather_aggregate.studies.ablation_result.AblationResult` (earlier ablations are kept)."""
         from gather_aggregate.studies.ablation_result import AblationResult

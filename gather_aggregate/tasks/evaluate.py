@@ -120,13 +120,16 @@ class EvalResult:
         frame.attrs["meta"] = {**self.meta, "accuracy": self.accuracy}
         return frame
 
+    def caption(self) -> str:
+        p = self.provenance
+        on = f" ({p.model_name} on {p.task_name}, seed {p.seed})" if p.model_name else ""
+        return f"accuracy {self.accuracy:.3f} on {self.n} prompts{on}"
+
     def _repr_html_(self) -> str:
         from gather_aggregate.core.typed_result import html_table
 
-        p = self.provenance
-        on = f" ({p.model_name} on {p.task_name}, seed {p.seed})" if p.model_name else ""
         body = [[str(r.index), str(r.pred), str(r.answer), str(r.correct), f"{r.margin:.3f}"] for r in self.results[:12]]
-        return html_table("EvalResult", f"accuracy {self.accuracy:.3f} on {self.n} prompts{on}",
+        return html_table("EvalResult", self.caption(),
                           ["prompt", "predicted", "answer", "correct", "margin (nats)"], body, self.n)
 
 
