@@ -4,7 +4,13 @@ the detector's causal tests have a ground truth.
 The residual stream has four blocks of ``V`` dimensions (``V`` = vocabulary size), each a one-hot code of tokens:
 ``E`` (the token itself), ``C`` (content gathered into a segment's read position), ``Q`` (the queried key at the
 query position) and ``O`` (the output the unembedding reads: ``logits = gain * O``).  Heads (``kind`` per layer:
-``attn`` softmax rows, or ``ssm``: the same rows plus a decaying tail, not renormalised, like implied attention):
+``attn`` softmax rows; ``ssm``: the same rows plus a decaying tail, not renormalised, like implied attention; or
+``delta``: the same rows plus what a delta rule's implied row carries besides the content it reads, signed and not
+normalised: a large negative weight on the first token (``-DELTA_SINK``) and a removal-like term of alternating
+sign on every earlier token (``±DELTA_SPREAD``), in every head's row but the key-mover's (its output is the query
+the Aggregate heads match against the gathered content, where the first token's term would match itself); the
+layer's output is computed from these signed rows, so the circuit still retrieves, but on the normalised ``|row|``
+most of the mass lies off the segments):
 
 * ``gather``: at each segment's read position (``read`` = ``"delim"``: the ``\\n`` ending a ``k:v\\n`` line;
   ``"value"``: the value token before it; ``"pair"``: the value of an MQAR pair ``k v``) attends uniformly to the
@@ -30,6 +36,9 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from gather_aggregate.core.protocol import LayerInfo, ProtocolMixin
 
 DISTRACTORS = ("prev", "uniform", "sink", "self", "first_line")
+#: the ``delta`` kind's signed extra terms (module docstring): the first token's weight and the alternating term's
+DELTA_SINK = 6.0
+DELTA_SPREAD = 0.02
 
 
 class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
@@ -52,7 +61,8 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         self.n_gather = sum(r == "gather" for layer in heads for r in layer)
         self.n_agg = sum(r == "aggregate" for layer in heads for r in layer)
         self.has_keymover = any("keymover" in layer for layer in heads)
-        self._layers = [LayerInfo(i, kinds[i], n, self.V, f"blocks.{i}.attn.hook_z") for i in range(len(heads))]
+        self._layers = [LayerInfo(i, "ssm" if kinds[i] == "delta" else kinds[i], n, self.V, f"blocks.{i}.attn.hook_z")
+                        for i in range(len(heads))]
         self.hook_embed = HookPoint()
         self.hooks_pattern = nn.ModuleList([HookPoint() for _ in heads])
         self.hooks_z = nn.ModuleList([HookPoint() for _ in heads])
@@ -101,6 +111,15 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         d = (idx[:, None] - idx[None]).float()
         return torch.where(d > 0, 0.1 * 0.5 ** (d - 1), torch.zeros(())).clamp_min(0)
 
+    def _delta_terms(self, L: int) -> Tensor:
+        """The ``delta`` kind's extra terms ``[L, L]``: ``-DELTA_SINK`` on the first token and ``±DELTA_SPREAD``
+        (the sign alternating with the distance) on every other earlier token, in every row after the first."""
+        idx = torch.arange(L)
+        d = idx[:, None] - idx[None]
+        out = torch.where(d > 0, DELTA_SPREAD * (1.0 - 2.0 * (d % 2)).float(), torch.zeros(()))
+        out[1:, 0] = -DELTA_SINK
+        return out
+
     def forward(self, tokens: Any, **kwargs: Any) -> Tensor:
         tokens = self.validate_tokens(tokens)
         V = self.V
@@ -123,6 +142,9 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
             pat = torch.stack(pats, 1)  # [b, h, q, k]
             if self.kinds[i] == "ssm":
                 pat = pat + self._tail(L)
+            elif self.kinds[i] == "delta":  # not the key-mover's row: its output is the query, which the
+                # Aggregate heads match against the gathered content, so the first token's term would match itself
+                pat = pat + self._delta_terms(L) * torch.tensor([role != "keymover" for role in spec]).float()[:, None, None]
             pat = self.hooks_pattern[i](pat)
             src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
             z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))  # [b, q, h, V]
@@ -212,7 +234,8 @@ class CircuitModel(PlantedModel):
 def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int, keymover: bool,
                 kind: str, distractors: tuple[str, ...] = DISTRACTORS) -> tuple[list[list[str]], list[str], set, set]:
     """Gather heads in one layer, Aggregate heads in a later one (drawn with ``rng``), the key-mover (if any) in
-    layer 0, distractors everywhere else; ``kind="ssm"`` makes the Gather and Aggregate layers SSM layers.
+    layer 0, distractors everywhere else; ``kind="ssm"`` (``"delta"``) makes the Gather and Aggregate layers SSM
+    (delta-rule) layers.
     Returns the roles per layer, the layer kinds, and the true Gather and Aggregate heads."""
     g_layer = rng.randrange(0, depth - 1)
     a_layer = rng.randrange(g_layer + 1, depth)
@@ -233,8 +256,8 @@ def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_
             if not layer[h]:
                 layer[h] = rng.choice(distractors)
     kinds = ["attn"] * depth
-    if kind == "ssm":
-        kinds[g_layer] = kinds[a_layer] = "ssm"
+    if kind in ("ssm", "delta"):
+        kinds[g_layer] = kinds[a_layer] = kind
     return spec, kinds, set(gather), set(agg)
 
 

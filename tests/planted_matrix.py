@@ -24,10 +24,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 N_PROMPTS = 8
 
 
+N_DELTA = 16
+
+
 def configs() -> list[dict[str, Any]]:
     """56 configurations drawn (seeded) from heads per layer 4-32, heads per role 1-4, with/without a key-mover,
-    read at the delimiter / value token / last token (MQAR pairs), depth 2-4, attention or SSM heads; the first
-    eight cover every axis value and run in the default suite."""
+    read at the delimiter / value token / last token (MQAR pairs), depth 2-4, attention or SSM heads (the first
+    eight cover every axis value), then ``N_DELTA`` drawn from the same axes with delta-rule heads
+    (``kind="delta"``, :mod:`planted_circuit`: signed rows that put most of their mass off the segments)."""
     rng = random.Random(19)
     axes = dict(heads_per_layer=[4, 8, 16, 32], n_gather=[1, 2, 3, 4], n_agg=[1, 2, 3, 4], keymover=[True, False],
                 read=["delim", "value", "pair"], depth=[2, 3, 4], kind=["attn", "ssm"])
@@ -45,6 +49,16 @@ def configs() -> list[dict[str, Any]]:
     seen = {tuple(sorted(c.items())) for c in fast}
     while len(out) < 56:
         c = {k: rng.choice(v) for k, v in axes.items()}
+        if c["n_gather"] + 1 > c["heads_per_layer"] or c["n_agg"] > c["heads_per_layer"]:
+            continue
+        key = tuple(sorted(c.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(dict(c, seed=len(out)))
+    rng = random.Random(42)
+    while len(out) < 56 + N_DELTA:
+        c = {k: rng.choice(v) for k, v in axes.items()} | {"kind": "delta"}
         if c["n_gather"] + 1 > c["heads_per_layer"] or c["n_agg"] > c["heads_per_layer"]:
             continue
         key = tuple(sorted(c.items()))

@@ -3,11 +3,14 @@
 For each role (Gather, Aggregate):
 
 1. **Pattern candidates** (:mod:`gather_aggregate.detect.pattern_evidence`): heads whose pattern shows the role in
-   chance-relative terms (a Gather head's read row puts at least twice the uniform mass, and at least 0.1, on its
-   own segment; an Aggregate head's query row favours the correct segment over every wrong one in at least half
-   the prompts, gives it at least twice the uniform share, and at least twice what it gives the same slot when
-   that slot holds a wrong segment).  At most ``max_candidates`` per role, strongest
-   first (the only use of ranking).
+   scale-free terms, ratios within each row over the tokens the role chooses among (the first token, a sink, left
+   out), so that what a mixer puts elsewhere (a softmax sink, a delta rule's signed removal terms, an SSM's tail)
+   does not count.  A Gather head's read rows give their own segment's earlier tokens at least twice the share a
+   uniform row would, and at least 0.1, of their mass on the tokens up to the read position; an Aggregate head's
+   query row, read over the segments' tokens only, ranks the correct segment first in at
+   least half the prompts (chance 1 / segments) and gives it at least twice the share it gives the same slot when
+   that slot holds a wrong segment (position-controlled).  At most ``max_candidates`` per role, strongest first (by
+   Gather lift, by Aggregate selectivity: the only use of ranking).
 2. **A group, by peeling** (:func:`gather_aggregate.detect.causal_evidence.peel`): all candidates are zero-ablated together
    where the role acts (Gather: the segments' tokens; Aggregate: the query position) and heads are dropped one at
    a time while some head, restored alone, gives back less than ``KEEP_MIN`` (0.05) of the retrieval margin.  A
@@ -119,7 +122,7 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
         "gather": sorted((hd for hd, r in heads.items() if r["gather_candidate"]),
                          key=lambda hd: -heads[hd]["gather_lift"])[:max_candidates],
         "aggregate": sorted((hd for hd, r in heads.items() if r["aggregate_candidate"]),
-                            key=lambda hd: -heads[hd]["aggregate_lift"])[:max_candidates],
+                            key=lambda hd: -heads[hd]["aggregate_selectivity"])[:max_candidates],
     }
     groups: dict[str, dict[str, Any]] = {}
     for role, where in WHERE.items():
