@@ -210,3 +210,16 @@ def test_errors_name_the_fix(case):
         exact_edges(model, clean, metric, [(graph.senders[-1].node, first)], corrupt=corrupt, graph=graph)
     with pytest.raises(errors.InputError, match="shape"):
         edge_attribution(model, clean, metric, corrupt=corrupt[:, :4], graph=graph)
+
+
+def test_head_space_scoring_equals_residual_space_scoring(case, monkeypatch):
+    """Past the memory bound the heads' changes stay in head space (receiver gradients go through W_O): the same
+    scores."""
+    import gather_aggregate.attribution.edges as edges_mod
+
+    _, model, graph, clean, corrupt, metric = case
+    wide = edge_attribution(model, clean, metric, corrupt=corrupt, graph=graph)
+    monkeypatch.setattr(edges_mod, "RESID_DELTA_BYTES", 0)
+    narrow = edge_attribution(model, clean, metric, corrupt=corrupt, graph=graph)
+    v = graph.valid
+    assert float((wide.scores[v] - narrow.scores[v]).abs().max()) < 1e-5 * max(1.0, float(wide.scores[v].abs().max()))
