@@ -40,7 +40,14 @@ from gather_aggregate.attribution.edge_exact import (
     source_hooks,
 )
 from gather_aggregate.attribution.edge_values import ablated_senders
-from gather_aggregate.attribution.graph import CircuitGraph, build_graph, local_run, sender_hooks, view_units
+from gather_aggregate.attribution.graph import (
+    CircuitGraph,
+    build_graph,
+    local_run,
+    scaled_writes,
+    sender_hooks,
+    view_units,
+)
 from gather_aggregate.attribution.paths import _check_differentiable
 from gather_aggregate.core.arguments import check_model
 from gather_aggregate.core.errors import InputError
@@ -228,7 +235,7 @@ def edge_attribution(model: HookedModel, tokens: Any, metric: Any, *, corrupt: A
     graph = graph if graph is not None else build_graph(model)
     ablated = ablated_senders(model, graph, tokens, method, corrupt, reference, seed)
     state = clean_state(model, graph, tokens)
-    delta = {h: ablated[h].to(state[h].dtype) - state[h] for h in sender_hooks(graph)}
+    delta = scaled_writes(graph, {h: ablated[h].to(state[h].dtype) - state[h] for h in sender_hooks(graph)})
     alphas = [0.0] if estimator == "eap" else [(j + 0.5) / steps for j in range(steps)]
     e0 = "blocks.0.hook_resid_pre"
     g_hook, src = _gradient_pass(model, graph, tokens, metric, alphas, state[e0], ablated[e0])
