@@ -210,8 +210,8 @@ def _units(name: str, shape: Sequence[int], n_heads: int) -> tuple[int, bool] | 
 
 
 def build_graph(model: HookedModel, *, mlps: bool = True, tokens: Tensor | None = None) -> CircuitGraph:
-    """The graph of ``model`` (see the module docstring).  ``mlps=False`` leaves the MLPs out as nodes (their
-    outputs then count as part of the residual every receiver reads: they are never patched).  ``tokens`` are
+    """The graph of ``model`` (see the module docstring).  ``mlps=False`` leaves the MLPs out as nodes: they run on the
+    unpatched residual, so their outputs stay clean in every patched run (no ablation reaches them).  ``tokens`` are
     the prompts the checks run on (default: two random prompts of 6 tokens)."""
     from gather_aggregate.core.arguments import check_model
 
