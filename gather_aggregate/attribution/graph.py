@@ -368,9 +368,18 @@ def _conv_sourced(model: HookedModel, layer: int, cache: Any, names: set[str]) -
     conv = cache[f"blocks.{layer}.ssm.hook_conv_out"]
     g = torch.Generator().manual_seed(1)
     noise = torch.randn(conv.shape, generator=g).to(conv.device, conv.dtype) * (conv.abs().mean() + 1e-3)
+    conv_hook = f"blocks.{layer}.ssm.hook_conv_out"
     with torch.no_grad():
-        moved = local_run(model, layer, resid, cands, (f"blocks.{layer}.ssm.hook_conv_out", conv + noise))
-    return {h for h in cands if not torch.allclose(moved[h], cache[h], atol=1e-6, rtol=1e-5)}
+        moved = local_run(model, layer, resid, cands, (conv_hook, conv + noise))
+        found = {h for h in cands if not torch.allclose(moved[h], cache[h], atol=1e-6, rtol=1e-5)}
+        # and nothing else: with the conv output held, a moved residual must leave them where they were
+        shaken = resid + torch.randn(resid.shape, generator=g).to(resid.device, resid.dtype) * resid.abs().mean()
+        held = local_run(model, layer, shaken, sorted(found), (conv_hook, conv))
+    mixed = sorted(h for h in found if not torch.allclose(held[h], cache[h], atol=1e-6, rtol=1e-5))
+    if mixed:
+        raise UnsupportedModelError(f"hooks {mixed} of layer {layer} read both the residual and the short "
+                                    "convolution's output; the graph cannot give them one source")
+    return found
 
 
 def sender_outputs(graph: CircuitGraph, cache: Any, layer: int | None = None) -> dict[str, Tensor]:
