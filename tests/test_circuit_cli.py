@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gather_aggregate.cli.parser import main
+from gather_aggregate.core import errors
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +70,27 @@ def test_circuit_figure_renders_offline_in_chromium(circuit_out, tmp_path):
     assert n_traces >= 8 + 2  # the 8 edges and at least two node groups
     assert "L0conv" in labels and "logits" in labels
     assert len(png) > 10_000
+
+
+def test_the_study_report_draws_the_circuit_the_command_left(circuit_out):
+    from gather_aggregate.report.from_study import write_study_report
+
+    page = Path(write_study_report(circuit_out)).read_text()
+    table = json.loads((circuit_out / "circuit.json").read_text())
+    assert "the strongest edges" in page and table["rows"][0]["sender"] in page
+    assert "keeps" in page or not table["meta"]["faithfulness"]
+
+
+def test_edge_rows_figure_places_every_kind_of_node():
+    from gather_aggregate.viz.circuit_graph import edge_rows_figure
+
+    rows = [{"sender": "L0conv", "receiver": "L0G1", "input": "B", "eap": -0.5, "exact": -0.7},
+            {"sender": "L0H1", "receiver": "L1KV0", "input": "k", "eap": 0.2, "exact": None},
+            {"sender": "MLP0", "receiver": "logits", "input": "in", "eap": 0.1, "exact": 0.1}]
+    fig = edge_rows_figure(rows, estimator="eap", gather=["L0conv"], aggregate=["L1H0"])
+    drawn = {t for tr in fig.data if tr.mode == "markers+text" for t in tr.text}
+    assert {"L0conv", "L0G1", "L0H1", "L1KV0", "MLP0", "embed", "logits", "L1H0"} <= drawn
+    widths = [tr.line.width for tr in fig.data if tr.mode == "lines"]
+    assert widths[0] == max(widths)  # the largest |exact| draws widest
+    with pytest.raises(errors.InputError, match="no node name"):
+        edge_rows_figure([{"sender": "head 3", "receiver": "logits", "input": "in", "eap": 1.0}], estimator="eap")

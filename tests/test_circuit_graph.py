@@ -210,3 +210,43 @@ def test_errors_name_the_fix(case):
         exact_edges(model, clean, metric, [(graph.senders[-1].node, first)], corrupt=corrupt, graph=graph)
     with pytest.raises(errors.InputError, match="shape"):
         edge_attribution(model, clean, metric, corrupt=corrupt[:, :4], graph=graph)
+
+
+def test_head_space_scoring_equals_residual_space_scoring(case, monkeypatch):
+    """Past the memory bound the heads' changes stay in head space (receiver gradients go through W_O): the same
+    scores."""
+    import gather_aggregate.attribution.edges as edges_mod
+
+    _, model, graph, clean, corrupt, metric = case
+    wide = edge_attribution(model, clean, metric, corrupt=corrupt, graph=graph)
+    monkeypatch.setattr(edges_mod, "RESID_DELTA_BYTES", 0)
+    narrow = edge_attribution(model, clean, metric, corrupt=corrupt, graph=graph)
+    v = graph.valid
+    assert float((wide.scores[v] - narrow.scores[v]).abs().max()) < 1e-5 * max(1.0, float(wide.scores[v].abs().max()))
+
+
+def test_resample_and_mean_ablation_of_every_edge_have_closed_forms(case):
+    """Every edge resampled is the forward of the prompt each prompt was paired with; every edge mean-ablated
+    gives each receiver, the logits included, the prompts' mean residual (the senders' means add up to it)."""
+    from gather_aggregate.interventions.ablation import resample_index
+
+    _, model, graph, clean, _, metric = case
+    nothing = torch.zeros_like(graph.valid)
+    ab = ablated_senders(model, graph, clean, "resample", reference=clean)
+    idx = resample_index(clean, clean, 0)
+    with torch.no_grad():
+        paired = float(metric(model(clean[idx])))
+    assert run_circuit(model, graph, clean, metric, ab, nothing) == pytest.approx(paired, abs=1e-5)
+
+    ab = ablated_senders(model, graph, clean, "mean", reference=clean)
+    last = model.n_layers - 1
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean, names_filter=[graph.final_hook, f"blocks.{last}.hook_resid_pre"])
+        mean = cache[graph.final_hook].mean(0, keepdim=True).expand_as(cache[graph.final_hook])
+
+        def put(t, hook):
+            return mean.to(t.dtype)
+
+        with model.hooks(fwd_hooks=[(graph.final_hook, put)]):
+            want = float(metric(model(cache[f"blocks.{last}.hook_resid_pre"], start_at_layer=last)))
+    assert run_circuit(model, graph, clean, metric, ab, nothing) == pytest.approx(want, abs=1e-5)

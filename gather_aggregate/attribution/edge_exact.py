@@ -33,7 +33,7 @@ from gather_aggregate.attribution.edge_values import (
     source_deltas,
     unit_hook,
 )
-from gather_aggregate.attribution.graph import CircuitGraph, _Stop, sender_hooks
+from gather_aggregate.attribution.graph import CircuitGraph, _Stop, scaled_writes, sender_hooks
 from gather_aggregate.core.errors import InputError
 from gather_aggregate.core.protocol import HookedModel
 from gather_aggregate.scan.exact import _check_metric
@@ -64,7 +64,7 @@ def exact_edge_effects(model: HookedModel, graph: CircuitGraph, tokens: Tensor, 
     tokens = model.validate_tokens(tokens)
     state = state if state is not None else clean_state(model, graph, tokens)
     m_clean = _check_metric(metric(state["logits"]), "edge patching")
-    delta = {h: (ablated[h].to(state[h].dtype) - state[h]) * scale for h in sender_hooks(graph)}
+    delta = scaled_writes(graph, {h: (ablated[h].to(state[h].dtype) - state[h]) * scale for h in sender_hooks(graph)})
     if edges is None:
         edges = [tuple(e) for e in graph.valid.nonzero().tolist()]
     by_stage: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
@@ -118,6 +118,7 @@ def run_circuit(model: HookedModel, graph: CircuitGraph, tokens: Tensor, metric:
         delta = {h: ablated[h].to(live[h].dtype) - live[h] for h in s_hooks if h in live}
         for h in s_hooks:  # senders after the source: their edges into it are never valid, any value will do
             delta.setdefault(h, torch.zeros_like(ablated[h]))
+        delta = scaled_writes(graph, delta)
         with torch.no_grad():
             d = masked_delta(graph, rows, drop[rows], delta)
             src = live[src_hook][None] + d.to(live[src_hook].dtype)

@@ -19,8 +19,9 @@ exactly ours on (clean ``B``, corrupt ``A``) summed over positions: swap the two
 
 **Cost.** One forward and backward (``k`` stacked copies for EAP-IG) with zero probes only at the hooks the
 graph's inputs read, then per layer a local run of that layer alone (stacked copies, one per input, ``chunk`` at a
-time) whose backward splits the layer's input gradient among its inputs.  Sender changes stay in head space
-(``Δz_h``; the receiver gradient is projected through ``W_O``), so no ``[heads, d_model]`` tensor is ever built.
+time) whose backward splits the layer's input gradient among its inputs.  The heads' changes are taken into the
+residual once (``Δz_h W_hᵀ``, ``[heads, batch, pos, d_model]``) where that fits :data:`RESID_DELTA_BYTES`; past it
+they stay in head space and each receiver gradient is projected through ``W_O`` instead (more flops, less memory).
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ from gather_aggregate.attribution.edge_exact import (
     source_hooks,
 )
 from gather_aggregate.attribution.edge_values import ablated_senders
-from gather_aggregate.attribution.graph import CircuitGraph, build_graph, local_run, sender_hooks, view_units
+from gather_aggregate.attribution.graph import (
+    CircuitGraph,
+    build_graph,
+    local_run,
+    scaled_writes,
+    sender_hooks,
+    view_units,
+)
 from gather_aggregate.attribution.paths import _check_differentiable
 from gather_aggregate.core.arguments import check_model
 from gather_aggregate.core.errors import InputError
@@ -160,7 +168,29 @@ def _input_gradients(model: HookedModel, graph: CircuitGraph, rows: Sequence[int
     return grad
 
 
-def _score_rows(graph: CircuitGraph, rows: Sequence[int], gsrc: Tensor, delta: dict[str, Tensor]) -> Tensor:
+#: sender changes are held in residual space (``[heads, batch, pos, d_model]``) up to this many bytes, else
+#: the receiver gradients are projected into each sender layer's head space (more flops, no such tensor)
+RESID_DELTA_BYTES = 2 << 30
+
+
+def _resid_deltas(graph: CircuitGraph, delta: dict[str, Tensor]) -> dict[int, Tensor] | None:
+    """Each layer's heads' output changes in residual space ``[heads, batch, pos, d_model]``, or ``None`` where
+    they would take more than :data:`RESID_DELTA_BYTES`."""
+    total = 0
+    for hook, w in graph.out_proj.values():
+        dz = delta[hook]
+        total += dz.shape[2] * dz.shape[0] * dz.shape[1] * w.shape[0] * 4
+    if total > RESID_DELTA_BYTES:
+        return None
+    out = {}
+    for L, (hook, w) in graph.out_proj.items():
+        dz = delta[hook].float()
+        out[L] = torch.einsum("bphk,dhk->hbpd", dz, w.float().reshape(w.shape[0], dz.shape[2], -1))
+    return out
+
+
+def _score_rows(graph: CircuitGraph, rows: Sequence[int], gsrc: Tensor, delta: dict[str, Tensor],
+                resid_delta: dict[int, Tensor] | None = None) -> Tensor:
     """Scores ``[len(rows), n_senders]`` of the inputs ``rows`` (one source) from their source gradients."""
     out = torch.zeros(len(rows), len(graph.senders), dtype=torch.float64)
     valid = graph.valid[list(rows)]
@@ -178,6 +208,9 @@ def _score_rows(graph: CircuitGraph, rows: Sequence[int], gsrc: Tensor, delta: d
     for L, (hook, w) in graph.out_proj.items():
         cols = [j for j, snd in enumerate(graph.senders) if snd.kind == "head" and snd.layer == L]
         if not bool(valid[:, cols].any()):
+            continue
+        if resid_delta is not None:
+            out[:, cols] = torch.einsum("nbpd,hbpd->nh", g, resid_delta[L]).double()
             continue
         dz = delta[hook].to(g.dtype)
         wv = w.to(g.dtype).reshape(w.shape[0], dz.shape[2], -1)
@@ -202,17 +235,18 @@ def edge_attribution(model: HookedModel, tokens: Any, metric: Any, *, corrupt: A
     graph = graph if graph is not None else build_graph(model)
     ablated = ablated_senders(model, graph, tokens, method, corrupt, reference, seed)
     state = clean_state(model, graph, tokens)
-    delta = {h: ablated[h].to(state[h].dtype) - state[h] for h in sender_hooks(graph)}
+    delta = scaled_writes(graph, {h: ablated[h].to(state[h].dtype) - state[h] for h in sender_hooks(graph)})
     alphas = [0.0] if estimator == "eap" else [(j + 0.5) / steps for j in range(steps)]
     e0 = "blocks.0.hook_resid_pre"
     g_hook, src = _gradient_pass(model, graph, tokens, metric, alphas, state[e0], ablated[e0])
     scores = torch.full(tuple(graph.valid.shape), torch.nan, dtype=torch.float64)
+    resid_delta = _resid_deltas(graph, delta)
     for L, source in graph.sources():
         rows = [i for i, x in enumerate(graph.inputs) if x.layer == L and x.source == source]
         for c in range(0, len(rows), chunk):
             part = rows[c:c + chunk]
             gsrc = _input_gradients(model, graph, part, g_hook, src, len(alphas))
-            scores[part] = _score_rows(graph, part, gsrc, delta)
+            scores[part] = _score_rows(graph, part, gsrc, delta, resid_delta)
     return EdgeScores(graph, scores, estimator, len(alphas), method)
 
 

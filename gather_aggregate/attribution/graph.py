@@ -98,6 +98,7 @@ class CircuitGraph:
     final_hook: str = ""
     final_read: str = ""
     mlp_layers: tuple[int, ...] = ()  # layers with an MLP output hook (a node or not, part of the residual)
+    mlp_scale: dict[int, float] = field(default_factory=dict)  # the residual's multiplier of an MLP's output
 
     @property
     def n_edges(self) -> int:
@@ -209,8 +210,8 @@ def _units(name: str, shape: Sequence[int], n_heads: int) -> tuple[int, bool] | 
 
 
 def build_graph(model: HookedModel, *, mlps: bool = True, tokens: Tensor | None = None) -> CircuitGraph:
-    """The graph of ``model`` (see the module docstring).  ``mlps=False`` leaves the MLPs out as nodes (their
-    outputs then count as part of the residual every receiver reads: they are never patched).  ``tokens`` are
+    """The graph of ``model`` (see the module docstring).  ``mlps=False`` leaves the MLPs out as nodes: they run on the
+    unpatched residual, so their outputs stay clean in every patched run (no ablation reaches them).  ``tokens`` are
     the prompts the checks run on (default: two random prompts of 6 tokens)."""
     from gather_aggregate.core.arguments import check_model
 
@@ -234,6 +235,8 @@ def build_graph(model: HookedModel, *, mlps: bool = True, tokens: Tensor | None 
         all_names += [h for h in (f"blocks.{L}.ssm.hook_{n}" for n in SSM_INPUTS + ("conv_out",)) if h in names]
         all_names += [h for h in (f"blocks.{L}.{n}" for n in ("hook_mlp_out", "hook_resid_mid", "ln2.hook_out",
                                                                "ln2.hook_normalized")) if h in names]
+    all_names += [h for L in range(n_layers) for h in (f"blocks.{L}.hook_resid_post",) if h in names]
+    all_names += [resume[0] for L in range(n_layers) if (resume := model.mixer_resume(L)) is not None]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=sorted(set(all_names)))
     nodes = [Node("embed", "embed")]
@@ -250,7 +253,8 @@ def build_graph(model: HookedModel, *, mlps: bool = True, tokens: Tensor | None 
         if resume is None:
             raise UnsupportedModelError(f"layer {L} of {type(model).__name__} has no out-projection the graph can "
                                         "read (mixer_resume is None); its heads' outputs are not linear writes")
-        out_proj[L], d_head[L] = (info.head_hook, resume[1].detach()), info.d_head
+        scale = _write_scale(cache, f"blocks.{L}.hook_resid_pre", resume[0], f"blocks.{L}.hook_resid_mid")
+        out_proj[L], d_head[L] = (info.head_hook, resume[1].detach() * scale), info.d_head
         # ---- receivers of this layer's mixer
         conv_hooks = [h for h in (f"blocks.{L}.ssm.hook_conv_in", f"blocks.{L}.ssm.hook_conv_out") if h in cache]
         conv_src: set[str] = set()
@@ -323,9 +327,37 @@ def build_graph(model: HookedModel, *, mlps: bool = True, tokens: Tensor | None 
             is_resid = torch.tensor([s.kind != "conv" for s in senders[:nb]], dtype=torch.bool)
             valid[i, :nb] = is_resid
     mlp_layers = tuple(L for L in range(n_layers) if f"blocks.{L}.hook_mlp_out" in cache)
-    graph = CircuitGraph(nodes, senders, inputs, valid, out_proj, d_head, final_hook, final_read, mlp_layers)
+    mlp_scale = {L: _write_scale(cache, f"blocks.{L}.hook_resid_mid", f"blocks.{L}.hook_mlp_out",
+                                 f"blocks.{L}.hook_resid_post") for L in mlp_layers}
+    graph = CircuitGraph(nodes, senders, inputs, valid, out_proj, d_head, final_hook, final_read, mlp_layers,
+                         mlp_scale)
     _check_additive(model, graph, tokens)
     return graph
+
+
+def _write_scale(cache: Any, before: str, write: str, after: str) -> float:
+    """``c`` where the residual goes from ``before`` to ``after`` by adding ``c ×`` the hook ``write`` exactly (a
+    μP residual multiplier, Granite-4's 0.5); 1.0 where the hooks are missing or no single ``c`` fits (the
+    additivity check then decides)."""
+    if before not in cache or write not in cache or after not in cache:
+        return 1.0
+    step, w = (cache[after] - cache[before]).double(), cache[write].double()
+    den = float((w * w).sum())
+    if den == 0.0:
+        return 1.0
+    c = float((step * w).sum()) / den
+    fits = float((step - c * w).abs().max()) <= 1e-5 * (float(step.abs().max()) + 1e-6)
+    return c if fits and abs(c - 1.0) > 1e-6 else 1.0
+
+
+def scaled_writes(graph: CircuitGraph, values: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``values`` with each MLP output times the residual's multiplier of it (heads' multipliers are in ``W``)."""
+    out = dict(values)
+    for L, c in graph.mlp_scale.items():
+        hook = f"blocks.{L}.hook_mlp_out"
+        if c != 1.0 and hook in out:
+            out[hook] = out[hook] * c
+    return out
 
 
 def _conv_sourced(model: HookedModel, layer: int, cache: Any, names: set[str]) -> set[str]:
@@ -336,9 +368,18 @@ def _conv_sourced(model: HookedModel, layer: int, cache: Any, names: set[str]) -
     conv = cache[f"blocks.{layer}.ssm.hook_conv_out"]
     g = torch.Generator().manual_seed(1)
     noise = torch.randn(conv.shape, generator=g).to(conv.device, conv.dtype) * (conv.abs().mean() + 1e-3)
+    conv_hook = f"blocks.{layer}.ssm.hook_conv_out"
     with torch.no_grad():
-        moved = local_run(model, layer, resid, cands, (f"blocks.{layer}.ssm.hook_conv_out", conv + noise))
-    return {h for h in cands if not torch.allclose(moved[h], cache[h], atol=1e-6, rtol=1e-5)}
+        moved = local_run(model, layer, resid, cands, (conv_hook, conv + noise))
+        found = {h for h in cands if not torch.allclose(moved[h], cache[h], atol=1e-6, rtol=1e-5)}
+        # and nothing else: with the conv output held, a moved residual must leave them where they were
+        shaken = resid + torch.randn(resid.shape, generator=g).to(resid.device, resid.dtype) * resid.abs().mean()
+        held = local_run(model, layer, shaken, sorted(found), (conv_hook, conv))
+    mixed = sorted(h for h in found if not torch.allclose(held[h], cache[h], atol=1e-6, rtol=1e-5))
+    if mixed:
+        raise UnsupportedModelError(f"hooks {mixed} of layer {layer} read both the residual and the short "
+                                    "convolution's output; the graph cannot give them one source")
+    return found
 
 
 def sender_outputs(graph: CircuitGraph, cache: Any, layer: int | None = None) -> dict[str, Tensor]:
@@ -351,7 +392,7 @@ def sender_outputs(graph: CircuitGraph, cache: Any, layer: int | None = None) ->
         for h in range(z.shape[2]):
             out[f"L{L}H{h}"] = z[:, :, h] @ w[:, h * dh:(h + 1) * dh].T.to(z.dtype)
         if f"blocks.{L}.hook_mlp_out" in cache:
-            out[f"MLP{L}"] = cache[f"blocks.{L}.hook_mlp_out"]
+            out[f"MLP{L}"] = cache[f"blocks.{L}.hook_mlp_out"] * graph.mlp_scale.get(L, 1.0)
     return out
 
 

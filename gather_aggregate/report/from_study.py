@@ -135,7 +135,32 @@ def study_sections(folder: StudyFolder, study: Any, note: str = "",
         secs.append(attention_heads(pat.pattern, m["tokens"], layer=m["layer"], heads=m["heads"],
                                     title=f"{p}: layer {m['layer']} ({m.get('layer_kind')}), prompt "
                                           f"{m.get('prompt_index', 0)}"))
+    secs += _circuit_edges(folder, p)
     return secs, views
+
+
+def _circuit_edges(folder: StudyFolder, p: str) -> list[Any]:
+    """The edge graph ``gather-aggregate circuit`` left in the folder (``circuit.json``), drawn and tabled."""
+    import json
+
+    from gather_aggregate.report.html import Figure, Table
+    from gather_aggregate.viz.circuit_graph import edge_rows_figure
+
+    path = folder.path / "circuit.json"
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    rows, meta = data.get("rows", []), data.get("meta", {})
+    est = meta.get("estimator", "estimate")
+    faith = meta.get("faithfulness") or {}
+    fig = edge_rows_figure(rows, estimator=est, gather=meta.get("gather", []), aggregate=meta.get("aggregate", []))
+    kept = (f" The named circuit ({', '.join(faith['nodes'])}) keeps {faith['recovered']:.2f} of the clean-to-ablated "
+            "gap with every other edge ablated." if faith.get("nodes") else "")
+    return [Figure(fig, title=f"{p}: the strongest edges ({est}, exact where re-scored)",
+                   caption=f"{len(rows)} of {meta.get('n_edges')} edges; width: |effect|, dotted where patching "
+                           f"lowers the metric; Gather green, Aggregate blue.{kept}"),
+            Table(rows, title=f"{p}: edges", caption="exact: edge patching (M(patched) − M(clean)); see "
+                                                     "docs/circuits.md")]
 
 
 def study_report(study: Any, out: str | Path | None = None) -> Path:
