@@ -309,3 +309,11 @@ def test_commands_the_docs_name_answer_help(tmp_path):
             failed.append(f"{' '.join(cmd)} --help: exit {run.returncode}, {err.strip()[-200:]!r}")
     written = [p.name for p in tmp_path.iterdir()]
     assert not failed and not written, "\n".join([*failed, f"--help wrote {written}"])
+
+
+def test_the_docs_state_the_present_within_their_sizes():
+    """The current tables, not the history (issue 38): the README under 200 lines, docs/benchmarks.md and
+    docs/results.md under 600 each (history stays in git)."""
+    limits = {"README.md": 200, "docs/benchmarks.md": 600, "docs/results.md": 600}
+    sizes = {f: len((REPO / f).read_text(encoding="utf-8").splitlines()) for f in limits}
+    assert {f: n for f, n in sizes.items() if n >= limits[f]} == {}
