@@ -20,6 +20,7 @@ _LAZY: dict[str, str] = {
     "LayerInfo": "gather_aggregate.core.protocol",
     "HookedModel": "gather_aggregate.core.protocol",
     "ReadoutMetric": "gather_aggregate.core.readout",
+    "Study": "gather_aggregate.studies.study",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.models.loading import from_hf_model as from_hf_model
     from gather_aggregate.models.loading import load_model as load_model
     from gather_aggregate.models.loading import supported_model_types as supported_model_types
+    from gather_aggregate.studies.study import Study as Study
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

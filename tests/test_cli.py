@@ -15,28 +15,28 @@ from gather_aggregate.cli.parser import main
 
 @pytest.fixture(scope="module")
 def results(tiny_llama_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli")
+    out = tmp_path_factory.mktemp("cli") / "study"  # issue 39: every step of one study writes into its folder
     common = ["--model", str(tiny_llama_dir), "--task", "kv", "--n", "6", "--dict-size", "4", "--seed", "1"]
     for cmd in (["eval"], ["scan"], ["detect", "--reading", "summary"], ["ablate", "--heads", "1.0,1.2"],
                 ["pattern", "--layer", "1"]):
-        assert main([*cmd, *common, "--out", str(out / cmd[0])]) == 0
+        assert main([*cmd, *common, "--out", str(out)]) == 0
     return out
 
 
 def test_eval_writes_accuracy(results):
-    data = json.loads((results / "eval" / "eval.json").read_text())
-    assert data["n"] == 6 and 0.0 <= data["accuracy"] <= 1.0 and len(data["examples"]) == 6
+    data = json.loads((results / "eval.json").read_text())
+    assert data["meta"]["n"] == 6 and 0.0 <= data["meta"]["accuracy"] <= 1.0 and len(data["rows"]) == 6
 
 
 def test_scan_writes_a_ranked_table(results):
-    data = json.loads((results / "scan" / "scan.json").read_text())
+    data = json.loads((results / "scan.json").read_text())
     assert data["meta"]["complete"] is True
     assert sorted(r["rank"] for r in data["rows"]) == list(range(1, 9))
-    assert (results / "scan" / "scan.csv").read_text().startswith("layer,head,kind,score")
+    assert (results / "scan.csv").read_text().startswith("layer,head,kind,score")
 
 
 def test_detect_and_ablate_and_pattern(results):
-    det = json.loads((results / "detect" / "detect.json").read_text())
+    det = json.loads((results / "detect.json").read_text())
     assert {"gather", "aggregate", "aggregate_hit", "ablation_drop", "role", "evidence", "rule", "gather_alone",
             "aggregate_alone"} <= set(det["rows"][0])
     assert det["meta"]["reading"] == {"gather": "summary", "aggregate": "segment"}  # --reading summary
@@ -44,33 +44,33 @@ def test_detect_and_ablate_and_pattern(results):
     assert all(r["rule"] for r in det["rows"])  # every decision explained
     assert "aggregate_selectivity" in det["rows"][0]
     assert det["meta"]["gather_conv"] == [] and det["meta"]["conv"] == []  # a transformer has no short conv
-    abl = json.loads((results / "ablate" / "ablate.json").read_text())
-    assert abl["heads"] == [[1, 0], [1, 2]] and "kv" in abl["clean"] and "kv" in abl["ablated"]
-    pat = json.loads((results / "pattern" / "pattern.json").read_text())
+    abl = json.loads((results / "ablate.json").read_text())["rows"]
+    assert abl[0]["head_list"] == [[1, 0], [1, 2]] and abl[0]["task"] == "kv" and 0 <= abl[0]["ablated"] <= 1
+    pat = json.loads((results / "pattern.json").read_text())["meta"]
     assert len(pat["pattern"]) == 4 and len(pat["pattern"][0]) == len(pat["tokens"])
 
 
 def test_detect_does_not_reuse_a_scan_of_other_prompts(results, tiny_llama_dir, tmp_path, capsys):
-    """A scan.json left in --out by another task/seed/prompt count is not silently reused: detect rescans."""
+    """A scan.json left in --out by another seed and prompt count is neither reused nor discarded: refused in one
+    line naming the fix, and left as it was."""
     import shutil
 
-    shutil.copy(results / "scan" / "scan.json", tmp_path / "scan.json")  # seed 1, 6 prompts
-    old = json.loads((tmp_path / "scan.json").read_text())["meta"]["task"]
+    shutil.copy(results / "scan.json", tmp_path / "scan.json")  # seed 1, 6 prompts
+    before = (tmp_path / "scan.json").read_text()
     args = ["detect", "--model", str(tiny_llama_dir), "--task", "kv", "--n", "5", "--dict-size", "4", "--seed", "2"]
-    assert main([*args, "--out", str(tmp_path)]) == 0
-    assert "rescanning" in capsys.readouterr().out
-    assert json.loads((tmp_path / "scan.json").read_text())["meta"]["task"] != old
-    assert main([*args, "--out", str(tmp_path)]) == 0  # the same prompts again: reused, no note
-    assert "rescanning" not in capsys.readouterr().out
+    assert main([*args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after transformers' loading bar, in a test)
+    assert err.startswith("gather-aggregate detect: error: ") and "another number of prompts (6, here 5)" in err
+    assert "--fresh" in err and (tmp_path / "scan.json").read_text() == before
 
 
 def test_report_from_results(results):
-    assert main(["report", "--results", str(results), "--out", str(results)]) == 0
+    assert main(["report", str(results)]) == 0
     html = (results / "report.html").read_text()
-    assert "head scan" in html and "Gather / Aggregate scores" in html and "<script" in html
+    assert "head scan" in html and "head scores" in html and "<script" in html
     # issue 25: results say which model they are from, heads read L0H2, no Python reprs
-    model = os.path.basename(json.loads((results / "eval" / "eval.json").read_text())["model"])
-    assert f"{model}: head scan" in html and f"{model}: kv accuracy" in html and "L1H0, L1H2" in html
+    model = os.path.basename(json.loads((results / "meta.json").read_text())["model_name"])
+    assert f"{model} · kv: head scan" in html and f"{model} · kv: accuracy" in html and "L1H0 L1H2" in html
     text = re.sub(r"<script.*?</script>", "", html, flags=re.S)
     assert not re.search(r"\[\[\d|\(\d+, \d+\)|\{'|\{\}", text)
     assert not re.search(r"<(script|link)[^>]+(src|href)=[\"']https?:", html)  # JS inlined, nothing fetched
@@ -160,7 +160,7 @@ def test_demo_on_a_zoo_model_writes_report_and_summary(tmp_path, capsys):
     (["detect", "--model", "M", "--reading", "nowhere"], "reading must be 'auto', 'summary', 'last', 'last-K'"),
     (["pattern", "--model", "M", "--layer", "-1"], "--layer must be at least 0, got -1"),
     (["ablate", "--model", "M", "--heads", "a,b"], "cannot read head 'a'"),
-    (["ablate", "--model", "M"], "the following arguments are required: --heads"),
+    (["scan", "--model", "M", "--resume", "--fresh"], "argument --fresh: not allowed with argument --resume"),
     (["scan", "--model", "M", "--n", "0"], "--n must be at least 1"),
     (["eval", "--task", "kv"], "the following arguments are required: --model"),
     (["zoo", "train", "--arch", "mamba"], "invalid choice: 'mamba'"),
@@ -198,7 +198,7 @@ def test_each_subcommand_lists_only_its_own_options():
         for a in p._actions:
             assert a.help or not a.option_strings, (name, a.option_strings)  # every option has a help text
     assert "comma list" in sub["demo"].format_help()
-    assert "default: ga_out/eval" in " ".join(sub["eval"].format_help().split())  # --help states output dirs
+    assert "default ga_out/<model>-<task>" in " ".join(sub["eval"].format_help().split())  # the study folder
     zoo_help = " ".join(sub["zoo"].format_help().split())
     assert "--arch {" + ",".join(ARCHS) + "}" in zoo_help and "--steps" in zoo_help
     for name, p in sub.items():  # an empty default is not shown as "(default: )"; a zero one is
@@ -221,14 +221,14 @@ def test_quiet_by_default_and_verbose_shows_loading_bars(tiny_llama_dir, tmp_pat
 def test_eval_ablate_pattern_write_csv_twins_and_pattern_says_which_prompt(results, capsys, tiny_llama_dir):
     import csv
 
-    ev = json.loads((results / "eval" / "eval.json").read_text())
-    rows = list(csv.DictReader((results / "eval" / "eval.csv").open()))
-    assert len(rows) == ev["n"] == 6 and [r["correct"] for r in rows] == [str(e["correct"]) for e in ev["examples"]]
-    abl = list(csv.DictReader((results / "ablate" / "ablate.csv").open()))
+    ev = json.loads((results / "eval.json").read_text())
+    rows = list(csv.DictReader((results / "eval.csv").open()))
+    assert len(rows) == ev["meta"]["n"] == 6 and [r["correct"] for r in rows] == [str(e["correct"]) for e in ev["rows"]]
+    abl = list(csv.DictReader((results / "ablate.csv").open()))
     assert abl[0]["task"] == "kv" and abl[0]["heads"] == "L1H0 L1H2"
-    pat = json.loads((results / "pattern" / "pattern.json").read_text())
+    pat = json.loads((results / "pattern.json").read_text())["meta"]
     assert pat["prompt_index"] == 0 and pat["prompt"].startswith("Memorize")
-    cells = list(csv.DictReader((results / "pattern" / "pattern.csv").open()))
+    cells = list(csv.DictReader((results / "pattern.csv").open()))
     n = len(pat["tokens"])
     assert len(cells) == len(pat["heads"]) * n * (n + 1) // 2
     out = str(results / "pattern2")

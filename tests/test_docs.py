@@ -1,5 +1,6 @@
 """Issue 7: every Python code block in the docs runs (except those marked `# requires: gpu` / `hub`), and the API
-pages name what exists (exports documented, table calls resolve, documented keywords are parameters)."""
+pages name what exists (exports documented, the calls in section headings and table rows resolve, documented
+keywords and parameter lists are parameters)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def test_doc_code_blocks_run(path, tmp_path, monkeypatch):
 
 
 # ---- the API pages name what exists -------------------------------------------------------------------------------
-# Every export of the public packages is mentioned on an API page; every call written in a table's first column
-# resolves; and every keyword a doc writes into a call to one of our functions is a parameter of it.
+# Every export of the public packages is mentioned on an API page; every call written in a section heading or a
+# table's first column resolves; every keyword a doc writes into a call to one of our functions is a parameter of
+# it; and every `name` a section lists as a parameter (`- `name`: ...`) is a parameter of its heading's call.
 API_PAGES = [*sorted((REPO / "docs").glob("api*.md")), REPO / "docs" / "hybrids.md", REPO / "docs" / "tasks.md"]
 PUBLIC = ("gather_aggregate", "gather_aggregate.adapters", "gather_aggregate.tasks", "gather_aggregate.viz",
           "gather_aggregate.hybridise")
@@ -68,10 +70,11 @@ def _resolve(name: str) -> list:
     import importlib
 
     parts = name.removeprefix("gather_aggregate.").split(".")
-    if parts[0] in RECEIVERS and len(parts) == 2:
+    if parts[0] in RECEIVERS and len(parts) <= 2:  # `model.pattern(...)`, or `model(tokens, ...)`: its __call__
         protocol = importlib.import_module("gather_aggregate.core.protocol")
         classes = [getattr(protocol, cls) for cls in RECEIVERS[parts[0]]]
-        return [getattr(c, parts[1]) for c in classes if hasattr(c, parts[1])]
+        member = parts[1] if len(parts) == 2 else "__call__"
+        return [getattr(c, member) for c in classes if hasattr(c, member)]
     found = []
     for i in range(len(parts), 0, -1):  # a module path, then attributes
         try:
@@ -104,7 +107,24 @@ def _split_args(args: str) -> list[str]:
 
 
 def _first_cells(path: Path) -> list[str]:
-    return [row.split("|")[1] for row in path.read_text().splitlines() if row.startswith("| `")]
+    """What a page documents as calls: each section heading, and the first cell of each table row."""
+    lines = path.read_text().splitlines()
+    headings = [line for line in lines if line.startswith("#")]
+    return headings + [row.split("|")[1] for row in lines if row.startswith("| `")]
+
+
+PARAM = re.compile(r"- ((?:`[A-Za-z_]\w*`(?:, )?)+):")  # `- `name`: ...` or `- `a`, `b`: ...`
+
+
+def _parameter_lists(path: Path) -> list[tuple[str, list[str]]]:
+    """(heading, the names its section lists as parameters) for every section whose heading names a call."""
+    out: list[tuple[str, list[str]]] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            out.append((line, []))
+        elif out and (m := PARAM.match(line)):
+            out[-1][1].extend(re.findall(r"`(\w+)`", m.group(1)))
+    return [(head, names) for head, names in out if names and any(CALL.match(s) for s in SPAN.findall(head))]
 
 
 def _fits(func, keywords: list[str], n_positional: int) -> bool:
@@ -141,6 +161,24 @@ def test_api_tables_name_what_exists():
                 if name and not _resolve(name):
                     missing.append(f"{path.name}: {span}")
     assert not missing, f"API tables name calls that do not exist: {missing}"
+
+
+def test_parameter_lists_name_parameters():
+    """An API section lists its call's parameters as `- `name`: ...`; each must be a parameter of the call."""
+    import inspect
+
+    wrong, seen = [], 0
+    for path in API_PAGES:
+        for head, names in _parameter_lists(path):
+            funcs = [f for span in SPAN.findall(head) if (call := CALL.match(span))
+                     for f in _resolve(call.group(1)) if callable(f)]
+            assert funcs, f"{path.name}: {head!r} lists parameters of a call that does not resolve"
+            seen += 1
+            for name in names:
+                if not any(_fits(f, [name], 0) for f in funcs):
+                    wrong.append(f"{path.name}: {head.lstrip('# ')} lists `{name}`, not a parameter of "
+                                 f"{inspect.signature(funcs[0])}")
+    assert seen >= 15 and not wrong, "\n".join(wrong) or f"only {seen} parameter lists found"
 
 
 def test_documented_keywords_are_parameters():
@@ -271,3 +309,11 @@ def test_commands_the_docs_name_answer_help(tmp_path):
             failed.append(f"{' '.join(cmd)} --help: exit {run.returncode}, {err.strip()[-200:]!r}")
     written = [p.name for p in tmp_path.iterdir()]
     assert not failed and not written, "\n".join([*failed, f"--help wrote {written}"])
+
+
+def test_the_docs_state_the_present_within_their_sizes():
+    """The current tables, not the history (issue 38): the README under 200 lines, docs/benchmarks.md and
+    docs/results.md under 600 each (history stays in git)."""
+    limits = {"README.md": 200, "docs/benchmarks.md": 600, "docs/results.md": 600}
+    sizes = {f: len((REPO / f).read_text(encoding="utf-8").splitlines()) for f in limits}
+    assert {f: n for f, n in sizes.items() if n >= limits[f]} == {}

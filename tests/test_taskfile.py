@@ -260,7 +260,7 @@ def user_results(tiny_llama_dir, tmp_path_factory):
                            ("factory", ["--task", "examples.task_factory:make_task", "--n", "6"])):
             for cmd in (["eval"], ["scan"], ["detect", "--reading", "summary"], ["ablate", "--heads", "1.0,1.2"],
                         ["pattern", "--layer", "1", "--prompt", "2"]):
-                assert main([*cmd, *model, *extra, "--out", str(out / src / cmd[0])]) == 0, (src, cmd)
+                assert main([*cmd, *model, *extra, "--out", str(out / src)]) == 0, (src, cmd)  # one study folder
     finally:
         os.chdir(old)
     return out
@@ -269,16 +269,17 @@ def user_results(tiny_llama_dir, tmp_path_factory):
 @pytest.mark.parametrize(("src", "name", "n"), [("file", "tasks.jsonl", 8), ("factory", "crates", 6)])
 def test_user_task_runs_through_every_subcommand(user_results, src, name, n):
     d = user_results / src
-    ev = json.loads((d / "eval" / "eval.json").read_text())
-    assert ev["task"] == name and ev["n"] == n and len(ev["examples"]) == n and 0 <= ev["accuracy"] <= 1
-    scan = json.loads((d / "scan" / "scan.json").read_text())
+    ev = json.loads((d / "eval.json").read_text())
+    assert ev["meta"]["task_name"] == name and ev["meta"]["n"] == n and len(ev["rows"]) == n
+    assert 0 <= ev["meta"]["accuracy"] <= 1
+    scan = json.loads((d / "scan.json").read_text())
     assert scan["meta"]["complete"] and scan["meta"]["task_name"] == name and len(scan["rows"]) == 8
-    det = json.loads((d / "detect" / "detect.json").read_text())
+    det = json.loads((d / "detect.json").read_text())
     assert det["meta"]["task_name"] == name and all(r["rule"] for r in det["rows"])
-    abl = json.loads((d / "ablate" / "ablate.json").read_text())
-    assert name in abl["clean"] and name in abl["ablated"]
-    pat = json.loads((d / "pattern" / "pattern.json").read_text())
-    assert pat["task"] == name and pat["prompt_index"] == 2 and len(pat["segments"]) == 4
+    abl = json.loads((d / "ablate.json").read_text())["rows"]
+    assert [r["task"] for r in abl] == [name] and 0 <= abl[0]["ablated"] <= 1
+    pat = json.loads((d / "pattern.json").read_text())["meta"]
+    assert pat["task_name"] == name and pat["prompt_index"] == 2 and len(pat["segments"]) == 4
     if src == "file":  # the pattern's prompt and segments are line 3 of the file, spans in tokens
         obj = json.loads(EXAMPLE.read_text().splitlines()[2])
         assert pat["prompt"] == obj["prompt"]
@@ -287,6 +288,7 @@ def test_user_task_runs_through_every_subcommand(user_results, src, name, n):
 
 def test_report_on_user_task_results(user_results):
     d = user_results / "file"
-    assert main(["report", "--results", str(d), "--out", str(d)]) == 0
+    assert main(["report", str(d)]) == 0
     html = (d / "report.html").read_text()
-    assert "tasks.jsonl accuracy" in html and "head scan" in html
+    model = Path(json.loads((d / "meta.json").read_text())["model_name"]).name
+    assert f"{model} · tasks.jsonl: accuracy" in html and "head scan" in html

@@ -83,6 +83,7 @@ from gather_aggregate.core.protocol import Head, HookedModel
 from gather_aggregate.core.readout import ReadoutMetric
 from gather_aggregate.interventions.ablation import Method, group_by_layer, head_outputs, make_replacement
 from gather_aggregate.scan.exact import Metric, ScanResult, _check_metric, _prepare, _row
+from gather_aggregate.scan.result import scan_provenance
 
 Estimator = Literal["atp", "atp*", "ig", "atp-softmax", "atp*-softmax"]
 ESTIMATORS = ("atp", "atp*", "ig", "atp-softmax", "atp*-softmax")
@@ -138,7 +139,7 @@ def attribution_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Seq
     by_layer = group_by_layer(heads)
     clean_z = head_outputs(model, tokens, list(by_layer))
     targets = _targets(model, clean_z, by_layer, rep)
-    meta: dict[str, Any] = {"mode": estimator, "method": method}
+    meta: dict[str, Any] = {"mode": estimator, "method": method, **scan_provenance(model, tokens)}
     if estimator == "ig":
         alphas = [(j + 0.5) / steps for j in range(steps)]
         _, terms, _ = path_gradients(model, tokens, metric, targets, alphas)

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "name the Gather and Aggregate heads (pattern evidence, then causal tests against random heads)"),
     "ablate": ("gather_aggregate.cli.commands:run_ablate", "evaluate with a set of heads ablated"),
     "pattern": ("gather_aggregate.cli.commands:run_pattern", "save (implied) attention patterns of a layer on one prompt"),
+    "circuit": ("gather_aggregate.cli.circuit:run_circuit",
+                "score every edge (EAP / EAP-IG), re-score the strongest exactly, measure the G&A circuit's faithfulness"),
     "report": ("gather_aggregate.cli.commands:run_report", "build a self-contained HTML report from results"),
     "zoo": ("gather_aggregate.cli.commands:run_zoo", "the toy zoo: `zoo list`, `zoo train`"),
     "memory": ("gather_aggregate.cli.memory:cmd_memory",
@@ -61,10 +63,17 @@ class Parser(argparse.ArgumentParser):
 
 
 # ---- option groups ----------------------------------------------------------------------------------
-def _general(p: argparse.ArgumentParser) -> None:
+def _general(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show transformers' weight-loading bars and warnings (quiet by default)")
     p.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+    if not threads:  # `zoo train` has its own --threads (default 1)
+        return
+    from gather_aggregate.cli.threads import threads_arg
+
+    p.add_argument("--threads", type=threads_arg, default="auto", metavar="auto|N",
+                   help="CPU threads for torch; auto: the cores not busy with other work (the load average), so a "
+                        "busy machine does not make every step spin (OMP_NUM_THREADS, if set, is kept)")
 
 
 def _model(p: argparse.ArgumentParser) -> None:
@@ -95,10 +104,19 @@ def _task(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dict-size", type=int_in_range("--dict-size", 1), default=None,
                    help="KV / MQAR dictionary size (default: the task's, or the zoo model's trained size)")
     p.add_argument("--seed", type=int_in_range("--seed", 0), default=0, help="seed of the task's prompts")
+    p.add_argument("--vocab", default=None, metavar="auto|FILE.json",
+                   help="the kv/mqar keys and values: auto (words the model's tokenizer writes as one token) or a "
+                        'JSON file {"keys": [...], "values": [...]} (default: the task\'s, or the zoo model\'s)')
 
 
 def _out(p: argparse.ArgumentParser, cmd: str, files: str) -> None:
     p.add_argument("--out", default=f"ga_out/{cmd}", help=f"output directory; writes {files}")
+
+
+def _study(p: argparse.ArgumentParser, files: str) -> None:
+    p.add_argument("--out", default=None, metavar="STUDY",
+                   help=f"the study folder (default ga_out/<model>-<task>): meta.json records the model, task, --n "
+                        f"and --seed, and every step writes its result there; this one writes {files}")
 
 
 def _progress(p: argparse.ArgumentParser) -> None:
@@ -124,7 +142,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
 
 def _eval_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p), _progress(p)
-    _out(p, "eval", "eval.json and eval.csv (one row per prompt)")
+    _study(p, "eval.json/.csv (one row per prompt)")
 
 
 def _scan_options(p: argparse.ArgumentParser) -> None:
@@ -140,9 +158,12 @@ def _scan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int_in_range("--workers", 1), default=2, help="Ray workers (with --ray)")
     p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
                    help="what replaces a head's output (resample: another prompt's, never its own)")
-    p.add_argument("--resume", action="store_true", help="finish an interrupted scan in --out")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the study's interrupted scan")
+    again.add_argument("--fresh", action="store_true",
+                       help="discard the study's scan (partial or complete) and scan again")
     _progress(p)
-    _out(p, "scan", "scan.json and scan.csv (one row per head, ranked)")
+    _study(p, "scan.json/.csv (one row per head, ranked)")
 
 
 def _reading(text: str) -> str:
@@ -164,17 +185,21 @@ def _detect_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reading", type=_reading, default="auto", metavar="auto|summary|last|last-K|first+K",
                    help="where a segment is read: the task's summary token, the segment's last token or K tokens "
                         "before it, K tokens after its first, or auto (where the Aggregate heads read; reported)")
+    p.add_argument("--scan", default=None, metavar="FILE",
+                   help="a scan.json to use (checked to be of this model, task, --n and --seed; default: the study's "
+                        "scan, made first if the study has none)")
     _progress(p)
-    _out(p, "detect", "detect.json/.csv (one row per head) and the scan it used, scan.json/.csv")
+    _study(p, "detect.json/.csv (one row per head)")
 
 
 def _ablate_options(p: argparse.ArgumentParser) -> None:
     _model(p), _task(p)
-    p.add_argument("--heads", type=head_pairs, required=True,
-                   help="heads to ablate together, comma separated LAYER.HEAD or LxHy (e.g. 1.0,1.3 or L1H0,L1H3)")
+    p.add_argument("--heads", type=head_pairs, default=None,
+                   help="heads to ablate together, comma separated LAYER.HEAD or LxHy (e.g. 1.0,1.3 or L1H0,L1H3; "
+                        "default: the heads the study's detect named)")
     p.add_argument("--ablation", choices=["zero", "mean", "resample"], default="zero",
                    help="what replaces the heads' outputs")
-    _out(p, "ablate", "ablate.json and ablate.csv (accuracy clean and ablated)")
+    _study(p, "ablate.json/.csv (accuracy clean and ablated; earlier ablations kept)")
 
 
 def _pattern_options(p: argparse.ArgumentParser) -> None:
@@ -184,12 +209,22 @@ def _pattern_options(p: argparse.ArgumentParser) -> None:
                    help="head indices of the layer, comma separated (default: all)")
     p.add_argument("--prompt", type=int_in_range("--prompt", 0), default=0,
                    help="which of the task's prompts (0 = first of --n with --seed)")
-    _out(p, "pattern", "pattern.json and pattern.csv (head, query, key, weight)")
+    _study(p, "pattern.json/.csv (head, query, key, weight)")
+
+
+def _circuit_options(p: argparse.ArgumentParser) -> None:
+    from gather_aggregate.cli.circuit import add_circuit_options
+
+    _model(p), _task(p)
+    add_circuit_options(p)
+    _study(p, "circuit.json/.csv (the strongest edges), faithfulness.json and circuit.html (the figure)")
 
 
 def _report_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", default="ga_out", help="directory with results written by other subcommands")
-    p.add_argument("--out", default=None, help="directory for report.html (default: the --results directory)")
+    p.add_argument("study", nargs="?", default=None, metavar="STUDY",
+                   help="a study folder (or a folder of several: one group of sections per study)")
+    p.add_argument("--results", default=None, help="the same as STUDY (kept for scripts written before it)")
+    p.add_argument("--out", default=None, help="directory for report.html (default: the study folder)")
 
 
 def _memory_options(p: argparse.ArgumentParser) -> None:
@@ -221,7 +256,7 @@ def _zoo_actions(p: argparse.ArgumentParser) -> None:
     from gather_aggregate.training.train_args import add_train_arguments
 
     add_train_arguments(t, out_required=False)
-    _general(t)
+    _general(t, threads=False)
     shown = [a.option_strings[-1] + (" {" + ",".join(a.choices) + "}" if a.choices else "")
              for a in t._actions if a.option_strings and a.option_strings[-1] != "--help"]
     p.epilog = "`zoo train` options (details: `gather-aggregate zoo train --help`): " + ", ".join(shown)
@@ -230,7 +265,8 @@ def _zoo_actions(p: argparse.ArgumentParser) -> None:
 #: the subcommands in ``--help`` order, each with what adds its own options
 _OPTIONS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "demo": _demo_options, "eval": _eval_options, "scan": _scan_options, "detect": _detect_options,
-    "ablate": _ablate_options, "pattern": _pattern_options, "report": _report_options, "memory": _memory_options,
+    "ablate": _ablate_options, "pattern": _pattern_options, "circuit": _circuit_options, "report": _report_options,
+    "memory": _memory_options,
     "lm-eval": _lm_eval_options, "zoo": _zoo_actions,
 }
 
@@ -268,13 +304,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     _quiet(getattr(args, "verbose", False))
+    from gather_aggregate.cli.threads import choose_threads
+
+    choose_threads(getattr(args, "threads", None))
     target, _ = COMMANDS[args.command]
     module_name, func_name = target.split(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
         return int(func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        lines = ["interrupted"]
+        if module_name == "gather_aggregate.cli.commands":  # a study step: what it kept, the command to continue
+            from gather_aggregate.cli.commands import interrupted_lines
+
+            lines = interrupted_lines(list(argv if argv is not None else sys.argv[1:]))
+        print("\n".join(lines), file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI turns errors into one line
         if getattr(args, "debug", False):

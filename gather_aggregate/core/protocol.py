@@ -415,6 +415,10 @@ class ProtocolMixin:
         if kwargs and not ssm_heads:
             raise InputError(f"options {sorted(kwargs)} apply only to SSM layers and heads; the heads asked of layer "
                              f"{info.index} are attention heads")
+        if is_cache(tokens_or_cache):  # another model's cache gave that model's patterns, as this one's
+            from gather_aggregate.core.provenance import check_cache_owner
+
+            check_cache_owner(tokens_or_cache, self)
         try:
             out = self._pattern(tokens_or_cache, info, head_idx, rows, **kwargs)
         except TypeError as exc:  # an option the layer's implied-attention function does not take

@@ -15,6 +15,9 @@ field                  what it identifies                                       
 ``model_name``         a label: the zoo name or the directory it was loaded from   ``model_name``
 ``task``               :func:`task_fingerprint`: prompts, metric and settings      ``task``
 ``task_name``          the task's name (``kv``, ``letter-mc``, a task file)        ``task_name``
+``prompts``            :func:`prompts_fingerprint`: the token ids alone (what a    ``prompts``
+                       detector or head choice compares: it holds examples, not
+                       the scan's metric or ablation settings)
 ``n``                  the number of prompts                                       ``n``
 ``seed``               the seed the prompts were drawn with                        ``seed``
 =====================  ==========================================================  ==================
@@ -38,25 +41,53 @@ from gather_aggregate.core.model_state import param_checksum
 
 #: field -> the meta key it is stored under
 META_KEYS: dict[str, str] = {"model": "model", "weights": "weights", "model_name": "model_name", "task": "task",
-                             "task_name": "task_name", "n": "n", "seed": "seed"}
+                             "task_name": "task_name", "prompts": "prompts", "n": "n", "seed": "seed"}
 #: how a mismatch of each field reads
 _WHAT = {"model": "model (fingerprint)", "weights": "weights (checksum)", "model_name": "model", "task":
-         "prompts and metric (task fingerprint)", "task_name": "task", "n": "number of prompts", "seed": "seed"}
+         "prompts and metric (task fingerprint)", "task_name": "task", "prompts": "prompt set (token ids)", "n": "number of prompts", "seed": "seed"}
 
 
 def model_fingerprint(model: Any) -> str:
     """Cheap identity of a model: its layer layout and a sample of every parameter (the first 64 entries and the
     rounded sum of each tensor)."""
-    import torch
-
     h = hashlib.sha256(repr([(i.kind, i.n_heads, i.d_head) for i in model.layers]).encode())
-    module: torch.nn.Module = getattr(model, "module", model)  # a bridge's wrapped HF model, else the model
+    _sample_parameters(h, getattr(model, "module", model))  # a bridge's wrapped HF model, else the model
+    return h.hexdigest()[:16]
+
+
+def module_fingerprint(module: Any) -> str:
+    """The parameter sample of :func:`model_fingerprint` of a bare ``torch.nn.Module`` (no layer table): what an
+    ``ActivationCache``'s ``model`` (the module that ran) can be compared by."""
+    h = hashlib.sha256()
+    _sample_parameters(h, module)
+    return h.hexdigest()[:16]
+
+
+def _sample_parameters(h: Any, module: Any) -> None:
+    """Each parameter's name, first 64 entries and rounded sum into ``h``.  The sum is taken in float64, chunk by
+    chunk: a float32 sum depends on the reduction order (device, thread count, layout) and, rounded to 4 decimals,
+    changed between a CPU and a GPU, so a scan made on one was refused on the other."""
     for name, p in module.named_parameters():
         flat = p.detach().reshape(-1)
         h.update(name.encode())
         h.update(flat[:64].float().cpu().numpy().tobytes())
-        h.update(repr(round(float(flat.float().sum()), 4)).encode())
-    return h.hexdigest()[:16]
+        total = 0.0
+        for chunk in flat.split(1 << 22):
+            chunk = chunk.cpu() if chunk.device.type == "mps" else chunk  # MPS has no float64
+            total += float(chunk.double().sum())
+        h.update(repr(round(total, 4)).encode())
+
+
+def check_cache_owner(cache: Any, model: Any) -> None:
+    """Refuse an ``ActivationCache`` that another model (other weights) made: read as ``model``'s, its activations
+    would give that model's patterns.  A cache of ``model`` itself, or without a recorded maker, passes."""
+    maker = getattr(cache, "model", None)
+    own = getattr(model, "module", model)
+    if maker is None or maker is model or maker is own or not hasattr(maker, "named_parameters"):
+        return
+    if module_fingerprint(maker) != module_fingerprint(own):
+        raise ProvenanceError("this ActivationCache was made by another model (other weights); pass tokens, or the "
+                              "cache of this model's run_with_cache(tokens)")
 
 
 def weights_checksum(model: Any) -> str:
@@ -73,6 +104,13 @@ def task_fingerprint(tokens: Any, metric: Any, extra: Mapping[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
+def prompts_fingerprint(tokens: Any) -> str:
+    """Identity of a prompt set alone: its token ids and their shape (16 hex digits)."""
+    h = hashlib.sha256(tokens.detach().cpu().long().numpy().tobytes())
+    h.update(str(tuple(tokens.shape)).encode())
+    return h.hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a result came from (see the module's table); ``None`` fields are unknown and not compared."""
@@ -82,6 +120,7 @@ class Provenance:
     model_name: str | None = None
     task: str | None = None
     task_name: str | None = None
+    prompts: str | None = None
     n: int | None = None
     seed: int | None = None
 
@@ -95,6 +134,13 @@ class Provenance:
         """The fields a result's ``meta`` dict records (unknown keys are ignored)."""
         meta = meta or {}
         return cls(**{f: meta.get(k) for f, k in META_KEYS.items()})
+
+    @classmethod
+    def of(cls, result: Any) -> Provenance:
+        """What ``result`` records: its ``provenance`` attribute, else the fields of its ``meta`` (none: all
+        unknown)."""
+        own = getattr(result, "provenance", None)
+        return own if isinstance(own, Provenance) else cls.from_meta(getattr(result, "meta", None))
 
     def to_meta(self) -> dict[str, Any]:
         """The known fields, under their meta keys (merge into a result's ``meta``)."""

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from gather_aggregate.core.arguments import check_model, count
-from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.errors import InputError, ProvenanceError
 from gather_aggregate.core.indices import as_index, is_index
 from gather_aggregate.core.model_state import analysis
 from gather_aggregate.core.protocol import Head, HookedModel
@@ -267,6 +267,19 @@ def zscores(values: list[float]) -> list[float]:
     return [0.0 if sd == 0 else (v - mean) / sd for v in finite]
 
 
+def check_scan(model: HookedModel, examples: Sequence[Any], scan: Any, what: str = "scan") -> None:
+    """Refuse ``scan`` unless it was made on ``model`` over ``examples`` (the tokens :func:`task_metric` gives
+    them): its heads, its model fingerprint, its prompts' fingerprint and count (:meth:`ScanResult.check_for`)."""
+    from gather_aggregate.core.protocol import pad_id_of
+    from gather_aggregate.scan.result import ScanResult
+    from gather_aggregate.tasks.base import collate
+
+    if not isinstance(scan, ScanResult):
+        scan = ScanResult(list(getattr(scan, "rows", [])), dict(getattr(scan, "meta", {}) or {}))
+    tokens = collate(list(examples), pad_id_of(model.tokenizer)).tokens
+    scan.check_for(model, tokens, what=what)
+
+
 #: the usual values of ``reading`` (``"last-K"`` and ``"first+K"`` take any ``K >= 1``)
 READINGS = ("auto", "summary", "last", "last-1", "last-2")
 
@@ -308,13 +321,13 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
                          f"{type(scan).__name__}")
     if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
         raise InputError(f"max_candidates={max_candidates!r}: pass a positive int (heads per role tested causally)")
+    if scan is not None:  # a scan of another model, task or prompt count was merged as it was
+        check_scan(model, examples, scan)
     own = set(model.all_heads())
-    for what, given in (("scan", list(scan.scores()) if scan is not None else []),
-                        ("scores", [(r.get("layer"), r.get("head")) for r in scores or []])):
-        alien = [hd for hd in given if hd not in own]  # was silently merged: a scan of another model
-        if alien:
-            raise InputError(f"{what} has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: it was "
-                             f"computed on another model; pass a {what} of this model's heads, or none")
+    alien = [hd for hd in [(r.get("layer"), r.get("head")) for r in scores or []] if hd not in own]
+    if alien:
+        raise ProvenanceError(f"scores has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: it "
+                              "was computed on another model; pass a scores of this model's heads, or none")
     res = decide(model, examples, read=reading, max_candidates=max_candidates, seed=seed, batch_size=batch_size)
     if scores is None:  # the paper's summary-token scores, as columns beside the detector's own
         scores = pattern_scores(model, examples, batch_size=batch_size)
@@ -324,12 +337,12 @@ def find_ga_heads(model: HookedModel, examples: Sequence[Any], scan: Any = None,
     for row in res["heads"]:
         hd = (row["layer"], row["head"])
         merged = {**extra.get(hd, {}), **{k: v for k, v in row.items() if k != "read_profile"}}
-        if drops:
-            merged["ablation_drop"] = drops.get(hd, float("nan"))
+        if drops:  # a head the scan left out has no drop: None (JSON null), not a NaN written into the table
+            merged["ablation_drop"] = drops.get(hd)
         table.append(merged)
     for key, col in (("z_gather", "gather_mass"), ("z_aggregate", "aggregate_on_correct")) + ((("z_ablation", "ablation_drop"),)
                                                                                  if drops else ()):
-        for row, zz in zip(table, zscores([r[col] for r in table])):
+        for row, zz in zip(table, zscores([float("nan") if r[col] is None else r[col] for r in table])):
             row[key] = zz
     evidence: dict[Head, str] = {}
     joint: dict[str, float] = {}

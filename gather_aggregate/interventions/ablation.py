@@ -41,6 +41,7 @@ from gather_aggregate.core.errors import InputError
 from gather_aggregate.core.indices import as_index
 from gather_aggregate.core.model_state import analysis
 from gather_aggregate.core.protocol import Head, HookedModel, LayerKind
+from gather_aggregate.core.provenance import Provenance, model_fingerprint, prompts_fingerprint
 
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
@@ -57,6 +58,26 @@ class Replacement:
     seed: int = 0
     #: resample: the reference example each input example takes (``None``: a seeded permutation, modulo)
     index: Tensor | None = None
+    #: the model the reference values were taken on and the reference prompts (:func:`make_replacement` sets
+    #: it; :func:`ablation_hooks` refuses the replacement on another model)
+    provenance: Provenance | None = None
+
+    def check_for(self, model: HookedModel, heads: Sequence[Head]) -> None:
+        """Refuse this replacement on ``model`` where it was built on another model, or for other layers or heads
+        than ``heads`` (its reference values would be another model's outputs, or missing)."""
+        fix = "build it on this model: make_replacement(model, heads, method, reference)"
+        if self.provenance is not None:
+            Provenance(model=model_fingerprint(model)).check(self.provenance, what="this replacement", fix=fix)
+        if self.method == "zero" or self.reference is None:
+            return
+        for layer, head in heads:
+            ref = self.reference.get(layer)
+            if ref is None:
+                raise InputError(f"this replacement has no reference values for layer {layer} (it was built for "
+                                 f"layers {sorted(self.reference)}); {fix} with these heads")
+            if head >= ref.shape[-2]:
+                raise InputError(f"this replacement's layer {layer} has {ref.shape[-2]} heads, not head {head}; "
+                                 f"{fix}")
 
     def values(self, layer: int, head: int, like: Float[Tensor, "batch pos d_head"]) -> Tensor:
         """Replacement for ``like`` (one head's output on a batch)."""
@@ -149,11 +170,22 @@ def make_replacement(model: HookedModel, heads: Sequence[Head], method: Method =
             f"length as the inputs ({n_pos} tokens), got {reference.shape[1]}; pad/trim them, or use "
             "method='mean' with per_position=False"
         )
+    distinct = int(torch.unique(reference.cpu(), dim=0).shape[0])  # n copies of one prompt are one prompt
+    if method == "mean" and per_position and distinct < 2:  # was every score 0 with the inputs as reference
+        what = "one reference prompt" if reference.shape[0] < 2 else f"{reference.shape[0]} copies of one prompt"
+        raise InputError(f"a mean over {what} is that prompt's own head output (with the inputs as reference, "
+                         "every ablation a no-op and every score 0); pass two or more different reference prompts, "
+                         "or use per_position=False or method='zero'")
+    if method == "resample" and distinct < 2 <= reference.shape[0] and inputs is not None and reference.shape[1] == inputs.shape[1] \
+            and bool((inputs.cpu()[:, None] == reference.cpu()[None]).all(-1).any()):
+        raise InputError("resample ablation over copies of one prompt gives each input that prompt's own head "
+                         "output back; pass two or more different prompts, or use method='mean' or 'zero'")
     layers = sorted({layer for layer, _ in heads})
     index = None
     if method == "resample" and inputs is not None and inputs.shape[1] == reference.shape[1]:
         index = resample_index(inputs, reference, seed)
-    return Replacement(method, head_outputs(model, reference, layers), per_position, seed, index)
+    made = Provenance(model=model_fingerprint(model), prompts=prompts_fingerprint(reference), n=int(reference.shape[0]))
+    return Replacement(method, head_outputs(model, reference, layers), per_position, seed, index, made)
 
 
 def ablation_hooks(model: HookedModel, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
@@ -166,6 +198,12 @@ def ablation_hooks(model: HookedModel, heads: Sequence[Head], replacement: Repla
     heads = model.check_head_set(heads)
     if not heads:
         raise InputError("empty head set: pass at least one (layer, head)")
+    replacement.check_for(model, heads)
+    return _hooks(model, heads, replacement)
+
+
+def _hooks(model: HookedModel, heads: Sequence[Head], replacement: Replacement) -> list[tuple[str, Callable]]:
+    """:func:`ablation_hooks` without its checks: for a replacement the caller built on ``model`` for ``heads``."""
     hooks = []
     for layer, hs in group_by_layer(heads).items():
         name, axis = model.head_hook(layer)
@@ -214,7 +252,7 @@ def resample_hooks(model: HookedModel, heads: Sequence[Head], examples: Sequence
                              "with the same examples") from None
         width = b.tokens.shape[1]
         rep = Replacement("resample", {la: r[:, :width] for la, r in ref.items()}, index=idx)
-        return ablation_hooks(model, heads, rep)
+        return _hooks(model, heads, rep)  # built here, on this model, for these heads
 
     return factory
 

@@ -29,12 +29,33 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _pretrained(model_args: str | None) -> str | None:
+def _pretrained(model_args: str | None, name: str = "pretrained") -> str | None:
     for part in (model_args or "").split(","):
         key, _, value = part.partition("=")
-        if key.strip() == "pretrained":
+        if key.strip() == name:
             return value.strip()
     return None
+
+
+def precheck(argv: list[str]) -> None:
+    """What the ``gather_aggregate`` model's arguments say that can be checked before lm-eval builds its task index
+    (tens of seconds) and loads the model: ``pretrained=`` names a zoo model or a directory with a config.json, and
+    a ``reference=`` file reads as reference prompts."""
+    if (_option(argv, "--model") or "") != "gather_aggregate":
+        return
+    from gather_aggregate.lm_eval.schedule import check_model_source
+    from gather_aggregate.zoo import resolve_model_path
+
+    args = _option(argv, "--model_args")
+    model = _pretrained(args)
+    if model:
+        check_model_source(resolve_model_path(model))
+    reference = _pretrained(args, "reference")
+    if reference and (_pretrained(args, "method") or "zero") != "zero":
+        from gather_aggregate.lm_eval.intervention import reference_prompts
+
+        if Path(reference).suffix.lower() in (".txt", ".json", ".jsonl") or Path(reference).is_file():
+            reference_prompts(reference, None, 1)
 
 
 def task_folder(model: str) -> Path:
@@ -89,6 +110,7 @@ def main() -> None:
 
     try:
         register()
+        precheck(sys.argv[1:])
         sys.argv[1:] = with_ga_tasks(sys.argv[1:])
     except GAError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -54,21 +54,50 @@ if TYPE_CHECKING:  # pragma: no cover
     from gather_aggregate.core.protocol import HookedModel
 
 
+def _file_prompts(path: Path) -> list[str]:
+    """The prompts of a reference file: ``.txt`` (blank-line separated), ``.json`` (a list) or ``.jsonl`` (one a
+    line), each a string or an object with a ``prompt`` or ``text`` string; anything else is one InputError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read reference file {path} ({exc}); pass a UTF-8 .txt/.json/.jsonl file") from None
+    if path.suffix.lower() == ".txt":
+        return [p for p in text.split("\n\n") if p.strip()]
+    try:
+        if path.suffix.lower() == ".jsonl":
+            rows: Any = []
+            for n, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise InputError(f"{path} line {n} is not JSON ({exc.msg}); write one prompt a line, as "
+                                         '"text" or {"prompt": "text"}') from None
+        else:
+            rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not JSON ({exc.msg}, line {exc.lineno}); write a list of prompts, e.g. "
+                         '["text", {"prompt": "text"}], or use a .txt file') from None
+    if not isinstance(rows, list):
+        raise InputError(f"{path} holds a JSON {type(rows).__name__}, not a list of prompts; write "
+                         '["text", {"prompt": "text"}]')
+    prompts = []
+    for i, r in enumerate(rows):
+        p = r if isinstance(r, str) else r.get("prompt", r.get("text")) if isinstance(r, dict) else None
+        if not isinstance(p, str) or not p.strip():
+            raise InputError(f"{path}: reference row {i} is {str(r)[:40]!r}; each row must be a non-empty string or "
+                             "have a 'prompt' or 'text' field")
+        prompts.append(p)
+    return prompts
+
+
 def reference_prompts(reference: str, model_dir: str | None, n: int, seed: int = 0) -> list[str]:
     """``n`` reference prompts from a task name of this project or a file (see the module docstring)."""
     path = Path(reference)
     if path.suffix.lower() in (".txt", ".json", ".jsonl") or path.is_file():
         if not path.is_file():
             raise InputError(f"no reference file at {path}; pass reference=kv (a task) or an existing file")
-        text = path.read_text(encoding="utf-8")
-        if path.suffix.lower() == ".txt":
-            prompts = [p for p in text.split("\n\n") if p.strip()]
-        else:
-            rows = [json.loads(x) for x in text.splitlines() if x.strip()] if path.suffix.lower() == ".jsonl" \
-                else json.loads(text)
-            prompts = [r if isinstance(r, str) else r.get("prompt", r.get("text")) for r in rows]
-            if any(not isinstance(p, str) for p in prompts):
-                raise InputError(f"{path}: reference rows must be strings or have a 'prompt' or 'text' field")
+        prompts = _file_prompts(path)
         if not prompts:
             raise InputError(f"{path} holds no reference prompts")
         return prompts[:n]
@@ -81,6 +110,23 @@ def reference_prompts(reference: str, model_dir: str | None, n: int, seed: int =
     except TaskError as err:
         raise InputError(f"reference={reference!r}: {err}; or pass a .txt/.json file of prompts") from None
     return [s.prompt for s in task.specs(n, seed=seed)]
+
+
+def check_reference_vocab(model: HookedModel, prompts: Sequence[str], reference: str) -> None:
+    """Refuse reference prompts the model cannot read: more than half their tokens unknown to its tokenizer (a
+    file in another model's vocabulary gave means of the unknown token's outputs)."""
+    from gather_aggregate.tasks.unknown import unk_id_of, unknown_fraction
+
+    tok = getattr(model, "tokenizer", None)
+    unk = unk_id_of(tok)
+    if tok is None or unk is None:
+        return
+    frac, total = unknown_fraction([model.to_tokens(p)[0].tolist() for p in prompts], unk)
+    if total and frac > 0.5:
+        raise InputError(f"reference={reference!r}: {frac:.0%} of its {total} tokens are unknown to this model's "
+                         "tokenizer, so the ablated heads would get the unknown token's outputs; pass prompts in "
+                         "the model's vocabulary (reference=kv, or a file that `gather-aggregate lm-eval export` "
+                         "wrote for it)")
 
 
 class PooledReplacement(Replacement):
@@ -157,6 +203,7 @@ class Intervention:
                 rep: Replacement = Replacement("zero")
             else:
                 prompts = reference_prompts(self.reference, model_dir, self.n_reference, self.seed)
+                check_reference_vocab(model, prompts, self.reference)
                 pooled = pooled_head_outputs(model, prompts, list(group_by_layer(heads)))
                 rep = PooledReplacement(self.method, pooled, self.seed)
             hooks += ablation_hooks(model, heads, rep)

@@ -37,8 +37,12 @@ PRIMARY = ("acc", "exact_match", "word_perplexity", "acc_norm")
 SKIP_KEYS = ("alias", "name", "sample_len", "samples")
 
 
-def ranking_from(source: str) -> list[Head]:
-    """Heads in removal order from a scan JSON (``{"rows": [{"rank", "layer", "head"}, ...]}``) or a list string."""
+def load_ranking(source: str) -> tuple[list[Head], Any]:
+    """Heads in removal order, and the provenance of the scan they come from (none for a list string).  A scan
+    table is checked (finite numeric scores) and ordered by its scores, not by a ``rank`` column that may be stale;
+    rows with neither score nor rank have no order to remove heads in and are refused."""
+    from gather_aggregate.core.provenance import Provenance
+
     path = Path(source)
     if path.suffix.lower() == ".json" or path.is_file():
         data = read_json(path, InputError, f"no scan file at {path}; run `gather-aggregate scan --out DIR` first or "
@@ -47,9 +51,28 @@ def ranking_from(source: str) -> list[Head]:
         if not rows or not all(isinstance(r, dict) and "layer" in r and "head" in r for r in rows):
             raise InputError(f"{path} has no rows with 'layer' and 'head'; pass a scan.json written by "
                              "`gather-aggregate scan`")
-        rows = sorted(rows, key=lambda r: r.get("rank", 0))
-        return [(int(r["layer"]), int(r["head"])) for r in rows]
-    return parse_heads(source, "heads")
+        meta = data.get("meta") if isinstance(data, dict) else None
+        if all("score" in r for r in rows):
+            from gather_aggregate.scan.result import ScanResult, table_problem
+
+            problem = table_problem({"meta": meta or {}, "rows": rows})
+            if problem:
+                raise InputError(f"{path} is not a usable ranking ({problem}); rerun `gather-aggregate scan`")
+            scan = ScanResult(rows, meta or {})
+            scan.check_ordered(f"the ranking {path}")
+            return [(int(r["layer"]), int(r["head"])) for r in scan.ranked().rows], scan.provenance
+        ranks = [r.get("rank") for r in rows]
+        if any(isinstance(k, bool) or not isinstance(k, int) for k in ranks) or len(set(ranks)) != len(ranks):
+            raise InputError(f"{path}: its rows have neither scores nor distinct whole-number ranks, so they give no "
+                             "order to remove heads in; pass a scan.json written by `gather-aggregate scan`")
+        rows = sorted(rows, key=lambda r: r["rank"])
+        return [(int(r["layer"]), int(r["head"])) for r in rows], Provenance.from_meta(meta)
+    return parse_heads(source, "heads"), Provenance()
+
+
+def ranking_from(source: str) -> list[Head]:
+    """Heads in removal order from a scan JSON (``{"rows": [{"rank", "layer", "head"}, ...]}``) or a list string."""
+    return load_ranking(source)[0]
 
 
 def settings(ranking: list[Head], schedule: list[int], *, keep: Sequence[Head] = (), prune: Sequence[int] = (),
@@ -147,6 +170,20 @@ def run_table(lm: Any, tasks: list[str], columns: list[tuple[str, int | None, In
     return rows
 
 
+def check_model_source(model_dir: Any) -> None:
+    """What can be known of ``--model`` without loading it: a zoo name, or an existing directory with a
+    config.json (a file, a missing path or a folder without config.json is one :class:`ModelLoadError`)."""
+    from gather_aggregate.core.errors import ModelLoadError
+    from gather_aggregate.models.checkpoint_checks import file_message, no_config_message
+    from gather_aggregate.models.loading import resolve_source
+
+    path = Path(resolve_source(model_dir)).expanduser()
+    if path.is_file():
+        raise ModelLoadError(file_message(path))
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelLoadError(no_config_message(path))
+
+
 def cmd_lm_eval(args: argparse.Namespace) -> int:
     """``gather-aggregate lm-eval``."""
     from gather_aggregate.core.results_io import atomic_write_text, write_table
@@ -160,6 +197,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
         raise InputError("no --model given; pass a zoo name (e.g. llama-kvmc) or a model directory")
     out = Path(args.out or "ga_out/lm_eval")
     model_dir = resolve_model_path(args.model)
+    check_model_source(model_dir)  # before tasks are written or lm-eval's task index is built (minutes)
     tasks = [t for t in (args.tasks or "").split(",") if t]
     if not tasks:
         raise InputError("no --tasks given; e.g. --tasks ga_mmlu_letter,ga_kv,ga_knowledge (the model's own "
@@ -167,6 +205,11 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     formats = tuple(f for f in args.formats.split(",") if f)
     if not formats or set(formats) - {"completion", "chat"}:  # was found only after the model loaded
         raise InputError(f"--formats {args.formats!r}: use completion and/or chat, e.g. --formats completion,chat")
+    if args.ablation != "zero":  # a reference file's format, before lm-eval's task index or the model
+        from gather_aggregate.lm_eval.intervention import reference_prompts
+
+        if Path(args.reference).suffix.lower() in (".txt", ".json", ".jsonl") or Path(args.reference).is_file():
+            reference_prompts(args.reference, model_dir, args.n_reference, args.seed)
     include = args.include_path
     if include is not None and not Path(include).expanduser().is_dir():  # was "unknown lm-eval task(s): 'ga_kv'..."
         raise InputError(f"--include-path {include!r} is not a folder; pass the folder of your lm-eval task YAMLs, or "
@@ -176,7 +219,7 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
 
         include = str(out / "tasks")
         export_tasks(model_dir, include, n=args.n, seed=args.seed)
-    ranking = ranking_from(args.ranking) if args.ranking else parse_heads(args.heads, "heads")
+    ranking, made = load_ranking(args.ranking) if args.ranking else (parse_heads(args.heads, "heads"), None)
     if args.schedule:
         parts = [x.strip() for x in args.schedule.split(",") if x.strip()]
         if not parts or not all(x.isdigit() for x in parts):
@@ -189,6 +232,12 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     lm = GatherAggregateLM(pretrained=model_dir, device=args.device, batch_size=args.batch_size,
                            chat_template=args.chat_template)
     ranking = lm.model.check_head_set(ranking) if ranking else []
+    if made is not None:  # a ranking scanned on another model removes heads that matter there, not here
+        from gather_aggregate.core.provenance import Provenance, model_fingerprint
+
+        Provenance(model=model_fingerprint(lm.model)).check(
+            made, what=f"--ranking {args.ranking}", fix="pass a scan of this model (gather-aggregate scan --model "
+            f"{args.model} --out DIR) or --heads")
     columns = settings(ranking, schedule, keep=parse_heads(args.keep, "keep"), prune=parse_layers(args.prune),
                        method=args.ablation, reference=args.reference, n_reference=args.n_reference, seed=args.seed)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit

@@ -178,3 +178,28 @@ def unwrap_module(hf_model: Any) -> Any:
                          "init_empty_weights or device='meta'); load its weights first, or pass its directory to "
                          "load_model")
     return hf_model
+
+
+def first_mismatch(source: Any) -> str:
+    """``" (TENSOR is SHAPE in the checkpoint but SHAPE for the config; N tensors differ)"``: the checkpoint's
+    safetensors headers against the HF model its config builds on the meta device; ``""`` where either cannot be
+    read (HF logs its table but raises without it)."""
+    try:
+        import torch
+        from safetensors import safe_open
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):
+            want = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(str(source))).state_dict().items()}
+        got: dict[str, tuple[int, ...]] = {}
+        for f in sorted(Path(source).glob("*.safetensors")):
+            with safe_open(str(f), "pt") as sf:
+                got.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})
+        bad = [(k, got[k], want[k]) for k in sorted(got) if k in want and got[k] != want[k]]
+    except Exception:  # noqa: BLE001 - only a better message is lost
+        return ""
+    if not bad:
+        return ""
+    k, g, w = bad[0]
+    return f" ({k} is {g} in the checkpoint but {w} for the config; {len(bad)} tensors differ)"

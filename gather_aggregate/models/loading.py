@@ -23,7 +23,12 @@ from gather_aggregate.core.errors import (
     UnsupportedModelError,
 )
 from gather_aggregate.core.model_state import outside_inference_mode
-from gather_aggregate.models.checkpoint_checks import _TOKENIZER_FILES, file_message, no_config_message
+from gather_aggregate.models.checkpoint_checks import (
+    _TOKENIZER_FILES,
+    file_message,
+    first_mismatch,
+    no_config_message,
+)
 
 
 def _offline() -> bool:
@@ -428,9 +433,10 @@ def _weights(load: Any, source: Any) -> Any:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "ignore_mismatched_sizes" in first or "size mismatch" in first:
-            raise CheckpointError(f"the weights in {str(source)!r} do not have the shapes its config.json gives; the "
-                                  "config and the weights must come from the same model (re-save it with "
-                                  "model.save_pretrained(dir))") from None
+            where = first_mismatch(source)
+            raise CheckpointError(f"the weights in {str(source)!r} do not have the shapes its config.json gives"
+                                  f"{where}; the config and the weights must come from the same model (restore "
+                                  "config.json, or re-save it with model.save_pretrained(dir))") from None
         if "device_map" in first:
             raise InputError(f"bad device_map ({first[:200]}); pass 'auto' or {{module name: device}}") from None
         raise CheckpointError(f"cannot read the weights in {str(source)!r} ({type(exc).__name__}: {first[:200]}); "

@@ -14,10 +14,15 @@ prompt of ``L`` tokens (``e`` bytes per element, batch ``b``):
   and per SSM head a state ``d_head · d_state`` and a conv window
   ``(d_head + 2 · d_state) · k``.
 
+* the hybrids whose layers mix attention with SSM or linear-attention state (Zamba2, Falcon-H1, Granite-4,
+  Nemotron-H, Qwen3-Next) are counted per layer kind in :mod:`gather_aggregate.models.memory_hybrids`; a
+  config whose cache is not Llama-style keys and values in every layer (SSM or linear-attention keys, latent
+  attention, per-layer head widths) and whose family is not listed is refused, never counted as KV.
+
 The conv window is counted as HF allocates it (``k`` columns; ``k - 1``
 would suffice), so the totals equal the tensors HF's caches hold after a
 forward with ``use_cache=True`` (:func:`measured_cache_bytes`; the tests check
-the zoo's Llama, Mamba-2 and Bamba models and a Mamba-1 config).  Sliding
+the zoo's Llama, Mamba-2 and Bamba models, a Mamba-1 config and every hybrid family).  Sliding
 windows and cache quantisation are not modelled.
 
 The config is an HF config object, the ``config.json`` dict of a checkpoint,
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gather_aggregate.core.errors import InputError, UnsupportedModelError
+from gather_aggregate.models.memory_hybrids import HYBRID_COUNTS
 
 #: The prompt lengths of the paper's memory table.
 DEFAULT_LENGTHS: tuple[int, ...] = (128, 2048, 4096)
@@ -136,13 +142,35 @@ def _elements(c: dict[str, Any], L: int) -> tuple[int, int, int]:
             s, v = _mamba1(int(c.get("mamba_expand", 2) * c["hidden_size"]), int(c["mamba_d_state"]),
                            int(c.get("mamba_d_conv", 4)))
         return n_attn * _kv(kv, d_head, L), n_ssm * s, n_ssm * v
+    if mt in HYBRID_COUNTS:
+        try:
+            return HYBRID_COUNTS[mt](c, L)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"cache_bytes cannot read the {mt} config ({type(exc).__name__}: {exc}); pass the "
+                             "config.json the checkpoint was saved with") from None
     if "num_attention_heads" in c and "num_hidden_layers" in c and "state_size" not in c:
-        if c.get("sliding_window") or c.get("layer_types") and any("sliding" in t for t in c["layer_types"]):
+        sliding = c.get("sliding_window") and c.get("use_sliding_window", True)  # Qwen2 records one it does not use
+        if sliding or c.get("layer_types") and any("sliding" in t for t in c["layer_types"]):
             raise UnsupportedModelError(f"{mt!r} uses sliding-window attention, which cache_bytes does not model")
+        odd = sorted(k for k in c if k.startswith(_NOT_LLAMA_PREFIXES) or k in _NOT_LLAMA_KEYS)
+        types = {str(t) for t in c.get("layer_types") or []} - {"full_attention", "attention"}
+        if odd or types:  # a cache that is not 2 · kv heads · head dim per token and layer: it counted as one
+            raise UnsupportedModelError(
+                f"cache_bytes cannot count model_type {mt!r}'s cache ({', '.join(odd or sorted(types))}: not "
+                f"Llama-style keys and values in every layer); supported: {SUPPORTED}")
         kv, d_head = _attn_geometry(c)
         return int(c["num_hidden_layers"]) * _kv(kv, d_head, L), 0, 0
-    raise UnsupportedModelError(f"cache_bytes does not know model_type {mt!r}; supported: Llama-style "
-                                "transformers, mamba, falcon_mamba, mamba2, bamba, jamba, ga_head_hybrid")
+    raise UnsupportedModelError(f"cache_bytes does not know model_type {mt!r}; supported: {SUPPORTED}")
+
+
+#: config keys of caches that are not Llama-style keys and values in every layer (SSM or linear-attention state,
+#: latent attention, per-layer head widths, Falcon's KV heads), refused rather than counted as KV
+_NOT_LLAMA_PREFIXES = ("mamba", "ssm_", "linear_", "time_step")
+_NOT_LLAMA_KEYS = {"layers_block_type", "hybrid_override_pattern", "attn_layer_indices", "attn_layer_period",
+                   "kv_lora_rank", "global_head_dim", "num_kv_heads", "multi_query", "state_size",
+                   "num_kv_shared_layers", "attention_chunk_size"}
+SUPPORTED = ("Llama-style transformers, mamba, falcon_mamba, mamba2, bamba, jamba, ga_head_hybrid, "
+             + ", ".join(sorted(HYBRID_COUNTS)))
 
 
 def cache_bytes(config: Any, seq_len: int, *, batch: int = 1, bytes_per_element: int | None = None,

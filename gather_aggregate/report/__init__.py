@@ -1,7 +1,8 @@
 """One self-contained HTML report, viewable offline.
 
 * :mod:`.html`: the section types (``Markdown``, ``Table``, ``Figure``, ...) and ``write_report``;
-* :mod:`.from_results`: ``gather-aggregate report``, built from the files other subcommands wrote;
+* :mod:`.from_study`: ``gather-aggregate report STUDY`` and ``study_report(study)``, from a study folder's results;
+* :mod:`.from_results`: the report of loose result files (written before study folders);
 * :mod:`.demo_story`: the demo's report, which tells each model's Gather-and-Aggregate story.
 """
 
@@ -23,6 +24,8 @@ _LAZY: dict[str, str] = {
     "markdown_to_html": "gather_aggregate.report.html",
     "render_report": "gather_aggregate.report.html",
     "write_report": "gather_aggregate.report.html",
+    "study_report": "gather_aggregate.report.from_study",
+    "write_study_report": "gather_aggregate.report.from_study",
 }
 
 __all__ = list(_LAZY)

@@ -49,7 +49,7 @@ def _row_over_keys(model: HookedModel, tokens: Any, layer: int, head: int, rows:
 
 
 def score_key(table: Sequence[Mapping[str, Any]], role: str) -> str:
-    """The table column holding a role's pattern score: the detector's own mass at the position it read
+    """The table column holding a role's pattern share: the detector's own mass at the position it read
     (``gather_mass``: a segment's read row on its own segment; ``aggregate_on_correct``: the query row on the
     correct segment), else the paper's summary-token score column (``gather`` / ``aggregate``)."""
     own = {"gather": "gather_mass", "aggregate": "aggregate_on_correct"}[role]
@@ -120,11 +120,11 @@ def _circuit_section(m: str, g: Mapping[str, Any], table: Sequence[Mapping[str, 
         return [{"head": hd, "evidence": evidence.get(tuple(hd), ""),
                  "score": float(by[tuple(hd)][key]) if tuple(hd) in by else ""} for hd in g[role]]
 
-    joint = ", ".join(f"{role} group {d:.2f} of the retrieval margin" for role, d in g["joint_drop"].items())
+    joint = ", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items())
     conv = "".join(f" + layer {la}'s short convolution" for la in g.get("gather_conv", []))
     text = (f"<p><strong>{m}</strong>: Gather {heads_text(g['gather'])}{conv}, Aggregate {heads_text(g['aggregate'])}; "
             f"on the prompt below the Aggregate head {head_name(view['aggregate'])} puts {view['finding']}."
-            + (f" Joint ablation drop: {joint}." if joint else "") + "</p>")
+            + (f" Group loss (share of the retrieval margin): {joint}." if joint else "") + "</p>")
     return Html(text + circuit_diagram(items("gather"), items("aggregate"), [tuple(p) for p in g["pairs"]],
                                        scores=(score_key(table, "gather"), score_key(table, "aggregate"))),
                 title=f"{m}: the circuit")

@@ -49,12 +49,12 @@ from gather_aggregate.interventions import layer_resume
 from gather_aggregate.interventions.ablation import (
     Edit,
     Method,
-    ablation_hooks,
+    _hooks,
     group_by_layer,
     make_replacement,
 )
 from gather_aggregate.scan.rankings import compare_rankings  # noqa: F401  (re-exported: scans are compared from here)
-from gather_aggregate.scan.result import ScanResult, table_problem
+from gather_aggregate.scan.result import ScanResult, scan_provenance, table_problem
 
 Metric = Callable[[Tensor], Tensor]
 
@@ -143,13 +143,14 @@ def naive_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[
         rows = []
         bar = _progress(len(heads), "naive scan", progress)
         for layer, head in heads:
-            logits = model.run_with_hooks(tokens, fwd_hooks=ablation_hooks(model, [(layer, head)], rep))
+            logits = model.run_with_hooks(tokens, fwd_hooks=_hooks(model, [(layer, head)], rep))  # rep: built above
             value, per = _measure(metric, logits, False)
             rows.append(_row(model, layer, head, clean, _check_metric(value, f"head L{layer}H{head}"),
                              _stderr(per_clean, per)))
             bar.update(1)
         bar.close()
-    return ScanResult(rows, {"mode": "naive", "method": method, "metric_clean": clean}).ranked()
+    return ScanResult(rows, {"mode": "naive", "method": method, "metric_clean": clean,
+                             **scan_provenance(model, tokens)}).ranked()
 
 
 # ---- exact: cached prefix + batched ablations ---------------------------------------
@@ -239,8 +240,9 @@ def _exact_meta(model: HookedModel, tokens: Tensor, metric: Any, method: Any, pe
                 seed: int) -> dict[str, Any]:
     """An exact scan table's metadata: how it was made, and the fingerprints a resume checks."""
     how = {"method": method, "per_position": per_position, "seed": seed}
-    return {"mode": "exact", **how, "model": model_fingerprint(model),
-            "task": task_fingerprint(tokens, metric, dict(how)), "complete": False}
+    # the resample seed is ``ablation_seed``: ``seed`` is the provenance's, the seed the prompts were drawn with
+    return {"mode": "exact", "method": method, "per_position": per_position, "ablation_seed": seed,
+            **scan_provenance(model, tokens), "task": task_fingerprint(tokens, metric, dict(how)), "complete": False}
 
 
 def _resumed(out: str | Path | None, resume: bool, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], set[Head]]:
@@ -286,9 +288,16 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     table's fingerprints.  Each shard is a run of whole stacked forwards of one layer, so every number equals
     the single-process scan's.  The table (``out``) is exact_scan's: either resumes the other's file.
     """
-    from gather_aggregate.scan.distributed import check_ray_options, model_loader, run_sharded
+    from gather_aggregate.scan.distributed import (
+        check_picklable,
+        check_ray_options,
+        model_loader,
+        run_sharded,
+    )
 
     check_ray_options(True, address, num_workers, threads=threads, shards_per_worker=shards_per_worker)
+    check_picklable(metric, "the metric")  # before the model loads or any worker starts
+    check_picklable(reference, "reference")
     model = _as_model(model)
     loader = model_loader(model)
     tokens, heads = _prepare(model, tokens, heads, metric)
@@ -311,7 +320,8 @@ def exact_scan_ray(model: HookedModel | str | Path, tokens: Any, metric: Any, he
             ScanResult(rows, {**meta, "metric_clean": _clean_of(rows)}).ranked().save(out)
 
     run_sharded(loader, _scan_shard, shards, key=lambda s: ",".join(f"{a}.{b}" for a, b in s[0]),
-                address=address, num_workers=num_workers, threads=threads, meta=meta, on_shard=on_shard)
+                address=address, num_workers=num_workers, threads=threads, meta=meta, on_shard=on_shard,
+                model=model)  # the workers compute on the weights this model holds now
     meta.update(complete=True, metric_clean=_clean_of(rows))
     result = ScanResult(rows, meta).ranked()
     if out is not None:
@@ -401,4 +411,5 @@ def atp_scan(model: HookedModel, tokens: Any, metric: Metric, heads: Sequence[He
             delta = rep.values(layer, h, cur) - cur
             est = float((delta * g.select(axis, h)).sum())
             rows.append(_row(model, layer, h, clean, clean + est))
-    return ScanResult(rows, {"mode": "atp", "method": method, "metric_clean": clean}).ranked()
+    return ScanResult(rows, {"mode": "atp", "method": method, "metric_clean": clean,
+                             **scan_provenance(model, tokens)}).ranked()

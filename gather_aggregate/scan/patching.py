@@ -36,6 +36,7 @@ from gather_aggregate.scan.exact import (
     check_metric_fn,
     default_max_rows,
 )
+from gather_aggregate.scan.result import scan_provenance
 
 
 @analysis
@@ -111,5 +112,6 @@ def patch_heads(model: HookedModel, clean: Any, corrupted: Any, metric: Metric, 
                                  "score": (m - m_corr) / denom})
                 bar.update(len(chunk))
         bar.close()
-    meta = {"mode": "patching", "metric_clean": m_clean, "metric_corrupted": m_corr, "per_position": per_position}
+    meta = {"mode": "patching", "metric_clean": m_clean, "metric_corrupted": m_corr, "per_position": per_position,
+            **scan_provenance(model, clean)}
     return ScanResult(rows, meta).ranked()

@@ -38,6 +38,10 @@ def compare_rankings(a: ScanResult, b: ScanResult, k: int = 5, *, z: float = 2.0
         if not all(hasattr(res, m) for m in ("rows", "scores", "top")):
             raise InputError(f"{what} must be a ScanResult (what exact_scan / attribution_scan return, or "
                              f"ScanResult.load(path)), got {type(res).__name__}")
+    from gather_aggregate.scan.result import ScanResult
+
+    for what, res in (("a", a), ("b", b)):  # every score equal: a Spearman ρ of 0 would read as "unrelated"
+        ScanResult.check_ordered(res, what)  # type: ignore[arg-type]
     k, z = count(k, "k"), number(z, "z (standard errors)", minimum=0)
     sa, sb = a.scores(), b.scores()
     common = sorted(set(sa) & set(sb))

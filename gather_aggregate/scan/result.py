@@ -8,15 +8,18 @@ re-scored exactly).  In Jupyter a result shows its top rows as a table; ``.to_pa
 from __future__ import annotations
 
 import html
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gather_aggregate.core.arguments import HEAD_KINDS, count, names, number
-from gather_aggregate.core.errors import InputError
+from gather_aggregate.core.errors import InputError, NonFiniteError, ProvenanceError
 from gather_aggregate.core.indices import HEAD_NAME, as_index
 from gather_aggregate.core.protocol import Head
+from gather_aggregate.core.provenance import Provenance, model_fingerprint, prompts_fingerprint
 from gather_aggregate.core.results_io import read_json, write_table
 
 #: rows shown by ``repr`` and by the Jupyter table
@@ -29,10 +32,45 @@ class ScanResult:
 
     rows: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    KIND: ClassVar[str] = "scan"  # its name in a study folder
 
     def __post_init__(self) -> None:  # a row without a score was a KeyError in .top(); rows="..." a TypeError
         if (problem := table_problem({"meta": self.meta, "rows": self.rows})) is not None:
-            raise InputError(f"ScanResult(rows, meta): {problem}; give rows as dicts with layer, head and score")
+            cls = NonFiniteError if "not finite" in problem else InputError
+            raise cls(f"ScanResult(rows, meta): {problem}; give rows as dicts with layer, head and a finite score")
+
+    @property
+    def provenance(self) -> Provenance:
+        """Where the scan came from: the model's fingerprint, the prompts' fingerprint and count (and the task,
+        names and seed where the table records them)."""
+        return Provenance.from_meta(self.meta)
+
+    def check_for(self, model: Any, tokens: Any = None, *, what: str = "scan", fix: str | None = None) -> None:
+        """Refuse this scan where it was not made on ``model`` (and, given ``tokens``, on those prompts): a head
+        the model lacks, or a recorded fingerprint or prompt count that differs (:class:`ProvenanceError`)."""
+        own = set(model.all_heads())
+        alien = [hd for hd in self.scores() if hd not in own]  # was silently merged: a scan of another model
+        if alien:
+            raise ProvenanceError(f"{what} has head L{alien[0][0]}H{alien[0][1]}, which this model does not have: "
+                                  f"it was computed on another model; pass a {what} of this model's heads, or none")
+        expected = Provenance(model=model_fingerprint(model), prompts=None if tokens is None else
+                              prompts_fingerprint(tokens), n=None if tokens is None else int(tokens.shape[0]))
+        expected.check(self.provenance, what=what, fix=fix or "scan this model on these prompts (exact_scan(model, "
+                       "*task_metric(model, examples))), or pass scan=None")
+
+    def check_ordered(self, what: str = "scan") -> None:
+        """Refuse a scan whose scores give no order (fewer than two heads, or every score equal, as a mean
+        baseline over one prompt gives): a ranking taken from it would be the head order, not importance."""
+        values = {float(r["score"]) for r in self.rows}
+        if len(self.rows) >= 2 and len(values) == 1:
+            raise InputError(f"{what} ranks nothing: all {len(self.rows)} heads score {values.pop():g} (a mean or "
+                             "resample baseline over one prompt, or a metric that ignores the model?); rescan with "
+                             "method='zero' or two or more prompts")
+
+
+    def caption(self) -> str:
+        """One line: how many heads, how they were scored, the clean metric."""
+        return _caption(self)
 
     def ranked(self) -> ScanResult:
         rows = sorted(self.rows, key=lambda r: (-r["score"], r["layer"], r["head"]))
@@ -130,8 +168,15 @@ class ScanResult:
                          "rerun the scan that wrote it")
         problem = table_problem(data)
         if problem:
-            raise InputError(f"{str(path)!r} is not a scan table ({problem}); pass the scan.json a scan wrote")
+            raise InputError(f"{str(path)!r} is not a scan table ({problem}); pass the scan.json a scan wrote, or "
+                             "rerun the scan that wrote it")
         return cls(data["rows"], data.get("meta", {}))
+
+
+def scan_provenance(model: Any, tokens: Any) -> dict[str, Any]:
+    """The provenance meta every scan records: the model's fingerprint and the prompts' fingerprint and count."""
+    return Provenance(model=model_fingerprint(model), prompts=prompts_fingerprint(tokens),
+                      n=int(tokens.shape[0])).to_meta()
 
 
 def table_problem(data: Any) -> str | None:
@@ -139,9 +184,26 @@ def table_problem(data: Any) -> str | None:
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) \
             or not isinstance(data.get("meta", {}), dict):
         return 'expected a JSON object {"meta": {...}, "rows": [...]}'
+    seen: dict[tuple[Any, ...], int] = {}
     for i, r in enumerate(data["rows"]):
         if not isinstance(r, dict) or any(k not in r for k in ("layer", "head", "score")):
             return f"row {i} lacks layer, head or score"
+        for k in ("layer", "head"):
+            if isinstance(r[k], bool) or not isinstance(r[k], numbers.Integral) or r[k] < 0:
+                return f"row {i}'s {k} is {r[k]!r}, not an index >= 0"
+        where = f"row {i} (L{r['layer']}H{r['head']})"
+        for k in ("score", "stderr", "metric_clean", "metric_ablated"):
+            v = r.get(k)
+            if v is None and k != "score":
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                return f"{where}'s {k} is {v!r}, not a number"
+            if not math.isfinite(v):
+                return f"{where}'s {k} is {v}, not finite"
+        key = (r["layer"], r["head"], r.get("position"))  # patching tables have a row per head and position
+        if key in seen:  # a ranking would name the head twice, and scores() keep one of the two
+            return f"{where} repeats row {seen[key]}"
+        seen[key] = i
     return None
 
 

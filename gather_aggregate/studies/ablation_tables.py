@@ -89,7 +89,14 @@ def cumulative_ablation(model: HookedModel, ranking: Sequence[Head], task_sets: 
     """
     _check_inputs(model, task_sets, evaluator)
     if callable(getattr(ranking, "top", None)) and hasattr(ranking, "rows"):  # a ScanResult is a ranking
-        ranking = ranking.top(len(ranking.rows))  # type: ignore[attr-defined]
+        from gather_aggregate.scan.result import ScanResult
+
+        scan = ranking if isinstance(ranking, ScanResult) else \
+            ScanResult(list(ranking.rows), dict(getattr(ranking, "meta", {})))  # type: ignore[attr-defined]
+        scan.check_for(model, what="ranking", fix="rank this model's heads (exact_scan(model, ...)) or pass a list "
+                       "of heads")  # another model's scan removes the heads that matter there
+        scan.check_ordered("ranking")
+        ranking = scan.top(len(scan.rows))
     ranking = model.check_head_set(ranking)
     if isinstance(ks, (str, bytes)) or not hasattr(ks, "__iter__"):
         raise InputError(f"ks must be a list of head counts, e.g. (0, 10, 20), got {ks!r}")
@@ -223,6 +230,10 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
     from gather_aggregate.scan.exact import _as_model
 
     on_ray = check_ray_options(ray, ray_address, num_workers, shard_size=shard_size)  # before any forward
+    if on_ray:
+        from gather_aggregate.scan.distributed import check_picklable
+
+        check_picklable(metric, "the metric")
     model = _as_model(model)
     tokens = model.validate_tokens(tokens)
     sets = [model.check_head_set(hs) for hs in head_sets]
@@ -241,4 +252,4 @@ def ablation_sweep(model: HookedModel | str | Path, tokens: Any, metric: Any, he
             write_table(rows, out, {**meta, "done_shards": [str(s[0]) for s in shards], "complete": True})
         return rows
     return run_sharded(model_loader(model), _sweep_shard, shards, key=lambda s: str(s[0]), address=ray_address,
-                       num_workers=num_workers, out=out, meta=meta, resume=resume)
+                       num_workers=num_workers, out=out, meta=meta, resume=resume, model=model)

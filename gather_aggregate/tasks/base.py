@@ -246,7 +246,9 @@ def _check_known(tokenizer: Any, ids: Sequence[int], unk: int | None, what: str)
     """Refuse an annotated piece of text that the tokenizer turns (partly) into its unknown token."""
     if unk is not None and unk in ids:
         raise TaskError(f"{what} tokenises to the unknown token {getattr(tokenizer, 'unk_token', '<unk>')!r} with "
-                        "this tokenizer; add it to the vocabulary or use words the tokenizer knows")
+                        "this tokenizer; write the task in words it knows: a task file (--task-file FILE.jsonl, "
+                        "docs/tasks.md), or word lists (--vocab auto draws kv/mqar keys and values from the "
+                        "tokenizer; in Python the task's keys= and values=)")
 
 
 def _token_span(offsets: Sequence[tuple[int, int]], cs: int, ce: int, name: str, fix: str) -> tuple[int, int]:

@@ -24,7 +24,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -32,6 +33,7 @@ from gather_aggregate.core.errors import InputError, TaskError
 from gather_aggregate.core.indices import as_index
 from gather_aggregate.core.model_state import analysis
 from gather_aggregate.core.protocol import HookedModel, pad_id_of
+from gather_aggregate.core.provenance import Provenance
 from gather_aggregate.tasks.base import Batch, Example, check_context, check_count, check_examples, collate
 from gather_aggregate.tasks.fit import check_fits
 
@@ -87,6 +89,48 @@ class EvalResult:
 
     def __repr__(self) -> str:
         return f"EvalResult(accuracy={self.accuracy:.4f}, n={self.n}, n_forwards={self.n_forwards})"
+
+    KIND: ClassVar[str] = "eval"
+
+    @property
+    def provenance(self) -> Provenance:
+        return Provenance.from_meta(self.meta)
+
+    def save(self, path: str | Path) -> Path:
+        """``path`` (.json: one row per prompt, accuracy and provenance in meta) and its CSV twin, atomically."""
+        from gather_aggregate.core.results_io import write_table
+
+        return write_table(self.to_rows(), path, {**self.meta, "kind": self.KIND, "accuracy": self.accuracy,
+                                                  "n_forwards": self.n_forwards, "n_rows": self.n_rows})
+
+    @classmethod
+    def load(cls, path: str | Path) -> EvalResult:
+        from gather_aggregate.core.typed_result import read_table
+
+        rows, meta = read_table(path, cls.KIND)
+        meta = dict(meta)
+        numbers = {k: meta.pop(k, 0) for k in ("accuracy", "n_forwards", "n_rows")}
+        return cls(float(numbers["accuracy"]), [ExampleResult(**r) for r in rows], int(numbers["n_forwards"]),
+                   int(numbers["n_rows"]), meta)
+
+    def to_pandas(self) -> Any:
+        import pandas as pd
+
+        frame = pd.DataFrame(self.to_rows())
+        frame.attrs["meta"] = {**self.meta, "accuracy": self.accuracy}
+        return frame
+
+    def caption(self) -> str:
+        p = self.provenance
+        on = f" ({p.model_name} on {p.task_name}, seed {p.seed})" if p.model_name else ""
+        return f"accuracy {self.accuracy:.3f} on {self.n} prompts{on}"
+
+    def _repr_html_(self) -> str:
+        from gather_aggregate.core.typed_result import html_table
+
+        body = [[str(r.index), str(r.pred), str(r.answer), str(r.correct), f"{r.margin:.3f}"] for r in self.results[:12]]
+        return html_table("EvalResult", self.caption(),
+                          ["prompt", "predicted", "answer", "correct", "margin (nats)"], body, self.n)
 
 
 # --------------------------------------------------------------------------

@@ -270,6 +270,7 @@ class FactoryTask:
     name: str
     factory: Callable[..., Any]
     result: Any = None
+    spec: str = ""  # the MODULE:CALLABLE it was loaded from (a study records it, to open again)
 
     def examples(self, tokenizer: Any, n: int = 64, *, seed: int = 0) -> list[Example]:
         result = self.result
@@ -331,9 +332,9 @@ def load_factory(spec: str) -> FactoryTask:
     except (TypeError, ValueError):
         wants_tokenizer = False
     if wants_tokenizer:
-        return FactoryTask(name=spec, factory=factory)
+        return FactoryTask(name=spec, factory=factory, spec=spec)
     result = _call(spec, factory)
-    return FactoryTask(name=str(getattr(result, "name", "") or spec), factory=factory, result=result)
+    return FactoryTask(name=str(getattr(result, "name", "") or spec), factory=factory, result=result, spec=spec)
 
 
 def resolve_user_task(task: str | None, task_file: str | None) -> FileTask | FactoryTask | None:

@@ -36,7 +36,13 @@ import torch
 
 from gather_aggregate.training.data import Mixture, collate, length_bucketed, sample_doc
 from gather_aggregate.training.quick_eval import eval_suite, suite_accuracies
-from gather_aggregate.training.train_args import ARCHS, TrainConfig, add_train_arguments, config_from_args
+from gather_aggregate.training.train_args import (
+    ARCHS,
+    TrainConfig,
+    add_train_arguments,
+    check_config,
+    config_from_args,
+)
 from gather_aggregate.training.vocab import PAD, World, build_tokenizer, make_world, save_world
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -216,6 +222,7 @@ def _training_batches(world: World, rng: random.Random, mix: Mixture, cfg: Train
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train one model; returns the record written to ``train_config.json``."""
+    check_config(cfg)  # before the model is built: the CLI checked it before the output folder was made
     cfg = cfg.resolved()
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)

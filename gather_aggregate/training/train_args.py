@@ -127,7 +127,82 @@ def config_from_args(args: argparse.Namespace, **fields: Any) -> TrainConfig:
     kw = {f.name: given[f.name] for f in dataclasses.fields(TrainConfig) if f.name in given}
     kw.update(mixture=mixture, progress=not given.get("no_progress", False), **fields)
     check_ranges(kw)
-    return TrainConfig(**kw)
+    cfg = TrainConfig(**kw)
+    check_config(cfg)
+    return cfg
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """What ``zoo train`` checks before any folder is made or model built: the ``--mixture`` keys and values
+    (an unknown key was a TypeError after the output folder existed), ``--attn-layers`` (bamba only, each a layer
+    of the model), and ``--grow-to`` (needs ``--init``)."""
+    import math
+
+    from gather_aggregate.training.data import Mixture  # imports torch: only when a run is configured
+
+    mix = cfg.mixture
+    if not isinstance(mix, dict):
+        raise InputError(f"--mixture must be a JSON object of data.Mixture fields, e.g. '{{\"kv\": 0.5}}', got "
+                         f"{type(mix).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(Mixture)}
+    for key, value in mix.items():
+        if key == "kv_max_pairs":
+            raise InputError("--mixture cannot set kv_max_pairs: the KV curriculum sets it; pass --kv-max instead")
+        if key not in fields:
+            raise InputError(f"--mixture has no field {key!r}; use some of {', '.join(k for k in fields if k != 'kv_max_pairs')}")
+        kind = str(fields[key].type)
+        if kind.startswith("tuple"):
+            ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value) and value[0] <= value[1]
+            if not ok:
+                raise InputError(f"--mixture {key} is a range [low, high] of whole numbers, low <= high; got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                or (kind == "int" and not isinstance(value, int)):
+            what = "a whole number >= 0" if kind == "int" else "a number >= 0"
+            raise InputError(f"--mixture {key} must be {what}, got {value!r}")
+    weights = ("kv", "letter_mc", "content_mc", "knowledge", "mqar", "letter_lookup", "reverse_mqar", "letter_recall")
+    if sum(float(mix.get(k, fields[k].default)) for k in weights) <= 0:
+        raise InputError(f"--mixture gives every document kind weight 0; give one of {', '.join(weights)} a weight > 0")
+    if cfg.attn_layers is not None:
+        if cfg.arch != "bamba":
+            raise InputError(f"--attn-layers places attention in a bamba hybrid; --arch {cfg.arch} has none: drop it "
+                             "or pass --arch bamba")
+        n = cfg.n_layers if cfg.n_layers is not None else DEFAULTS["bamba"]["n_layers"]
+        bad = [i for i in cfg.attn_layers if not 0 <= i < n]
+        if bad or not cfg.attn_layers or len(set(cfg.attn_layers)) != len(cfg.attn_layers):
+            raise InputError(f"--attn-layers {','.join(map(str, cfg.attn_layers))} must list distinct layers in "
+                             f"0..{n - 1} (the model has {n} layers; --n-layers sets it)")
+    if cfg.grow_to is not None and not cfg.init:
+        raise InputError("--grow-to needs --init (it grows a trained checkpoint)")
+    if cfg.init:
+        _check_init(cfg)
+
+
+def _check_init(cfg: TrainConfig) -> None:
+    """``--init``: a directory this script wrote, of the same ``--arch``; ``--grow-to`` (Llama only) at least its
+    layer count.  These were ValueErrors after the output folder existed."""
+    from pathlib import Path
+
+    init = Path(str(cfg.init)).expanduser()
+    if not (init / "config.json").is_file():
+        raise InputError(f"--init {str(init)!r} is not a model directory (no config.json); pass a directory "
+                         "`gather-aggregate zoo train` wrote")
+    rec_path = init / "train_config.json"
+    try:
+        arch = json.loads(rec_path.read_text()).get("config", {}).get("arch") if rec_path.is_file() else None
+        n_layers = json.loads((init / "config.json").read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError):
+        raise InputError(f"--init {str(init)!r}: its config.json or train_config.json is not readable JSON; pass a "
+                         "directory `gather-aggregate zoo train` wrote") from None
+    if arch != cfg.arch:
+        raise InputError(f"--init {str(init)!r} holds a {arch!r} model, not --arch {cfg.arch!r}; warm-start from a "
+                         "directory trained with the same --arch")
+    if cfg.grow_to is not None:
+        if cfg.arch != "llama":
+            raise InputError(f"--grow-to appends Llama layers; --arch {cfg.arch} cannot grow: drop it")
+        if isinstance(n_layers, int) and cfg.grow_to < n_layers:
+            raise InputError(f"--grow-to {cfg.grow_to} is below the --init checkpoint's {n_layers} layers; pass "
+                             f"--grow-to {n_layers} or more")
 
 
 #: the least value of each numeric option (None: not given, the architecture's default); curriculum is a share

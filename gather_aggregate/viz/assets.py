@@ -76,38 +76,100 @@ def packed_script(name: str, js: str) -> str:
 
 
 _LOADER = """<script>
-/* Unpacks the inlined libraries (gzip + base64) with the browser's DecompressionStream, then runs the
-   figure and view scripts (type text/ga-deferred) in document order.  Nothing is fetched. */
+/* Unpacks the inlined libraries (gzip + base64) synchronously, while the page's head is parsed, so that every
+   figure and view script below runs as the page is read: a plain screenshot or a print shows them all.  A small
+   inflate (RFC 1951; canonical Huffman codes decoded as in zlib's puff.c) instead of the browser's asynchronous
+   DecompressionStream.  Nothing is fetched. */
 (function () {
-  async function unpack(el) {
-    const text = el.textContent.replace(/^\\/\\*.*?\\*\\//, "").trim();
-    const bin = Uint8Array.from(atob(text), c => c.charCodeAt(0));
-    const stream = new Blob([bin]).stream().pipeThrough(new DecompressionStream("gzip"));
-    const s = document.createElement("script");
-    s.text = await new Response(stream).text();
-    document.head.appendChild(s);
+  const LB = [3,4,5,6,7,8,9,10,11,13,15,17,19,23,27,31,35,43,51,59,67,83,99,115,131,163,195,227,258];
+  const LE = [0,0,0,0,0,0,0,0,1,1,1,1,2,2,2,2,3,3,3,3,4,4,4,4,5,5,5,5,0];
+  const DB = [1,2,3,4,5,7,9,13,17,25,33,49,65,97,129,193,257,385,513,769,1025,1537,2049,3073,4097,6145,8193,
+              12289,16385,24577];
+  const DE = [0,0,0,0,1,1,2,2,3,3,4,4,5,5,6,6,7,7,8,8,9,9,10,10,11,11,12,12,13,13];
+  const ORDER = [16,17,18,0,8,7,9,6,10,5,11,4,12,3,13,2,14,1,15];
+  function gunzip(src) {
+    if (src[0] !== 0x1f || src[1] !== 0x8b || src[2] !== 8 || src[3] !== 0) throw new Error("not a plain gzip member");
+    const n = src.length, size = (src[n - 4] | src[n - 3] << 8 | src[n - 2] << 16 | src[n - 1] << 24) >>> 0;
+    const out = new Uint8Array(size);
+    let pos = 10, buf = 0, cnt = 0, o = 0;
+    function bits(k) {
+      while (cnt < k) { buf |= src[pos++] << cnt; cnt += 8; }
+      const v = buf & ((1 << k) - 1); buf >>>= k; cnt -= k; return v;
+    }
+    function table(lengths, count) {
+      const c = new Int16Array(16), offs = new Int16Array(16), sym = new Int16Array(count);
+      for (let i = 0; i < count; i++) c[lengths[i]]++;
+      c[0] = 0;
+      for (let l = 1; l < 15; l++) offs[l + 1] = offs[l] + c[l];
+      for (let i = 0; i < count; i++) if (lengths[i]) sym[offs[lengths[i]]++] = i;
+      return {c, sym};
+    }
+    function decode(h) {
+      let code = 0, first = 0, index = 0;
+      for (let l = 1; l < 16; l++) {
+        code |= bits(1);
+        const k = h.c[l];
+        if (code - k < first) return h.sym[index + (code - first)];
+        index += k; first = (first + k) << 1; code <<= 1;
+      }
+      throw new Error("bad Huffman code");
+    }
+    let last = 0;
+    while (!last) {
+      last = bits(1);
+      const type = bits(2);
+      if (type === 0) {
+        buf = 0; cnt = 0;
+        const len = src[pos] | src[pos + 1] << 8; pos += 4;
+        out.set(src.subarray(pos, pos + len), o); pos += len; o += len;
+        continue;
+      }
+      let lit, dist;
+      if (type === 1) {
+        const l = new Uint8Array(288);
+        l.fill(8, 0, 144); l.fill(9, 144, 256); l.fill(7, 256, 280); l.fill(8, 280, 288);
+        lit = table(l, 288); dist = table(new Uint8Array(30).fill(5), 30);
+      } else if (type === 2) {
+        const nlen = bits(5) + 257, ndist = bits(5) + 1, ncode = bits(4) + 4;
+        const cl = new Uint8Array(19);
+        for (let i = 0; i < ncode; i++) cl[ORDER[i]] = bits(3);
+        const ch = table(cl, 19), l = new Uint8Array(nlen + ndist);
+        for (let i = 0; i < nlen + ndist;) {
+          const s = decode(ch);
+          if (s < 16) { l[i++] = s; continue; }
+          let rep = 0, v = 0;
+          if (s === 16) { v = l[i - 1]; rep = 3 + bits(2); } else if (s === 17) rep = 3 + bits(3); else rep = 11 + bits(7);
+          while (rep--) l[i++] = v;
+        }
+        lit = table(l.subarray(0, nlen), nlen); dist = table(l.subarray(nlen), ndist);
+      } else throw new Error("bad deflate block");
+      for (;;) {
+        let s = decode(lit);
+        if (s < 256) { out[o++] = s; continue; }
+        if (s === 256) break;
+        s -= 257;
+        const len = LB[s] + bits(LE[s]), d = decode(dist), back = DB[d] + bits(DE[d]);
+        for (let i = 0; i < len; i++, o++) out[o] = out[o - back];
+      }
+    }
+    return out;
   }
-  const parsed = new Promise(r => document.readyState === "loading"
-    ? document.addEventListener("DOMContentLoaded", r) : r());
-  (async function () {
-    if (typeof DecompressionStream === "undefined") {
-      document.body.insertAdjacentHTML("afterbegin", "<p class='ga-note'>This browser cannot unpack the " +
-        "report's inlined libraries (no DecompressionStream); open it in a current Chrome, Firefox or Safari.</p>");
-      return;
-    }
-    for (const el of document.querySelectorAll("script.ga-packed")) await unpack(el);
-    await parsed;
-    for (const old of document.querySelectorAll('script[type="text/ga-deferred"]')) {
+  window.gaGunzip = gunzip;
+  try {
+    for (const el of document.querySelectorAll("script.ga-packed")) {
+      const text = el.textContent.replace(/^\\/\\*.*?\\*\\//, "").trim();
       const s = document.createElement("script");
-      s.text = old.textContent;
-      old.replaceWith(s);
+      s.text = new TextDecoder().decode(gunzip(Uint8Array.from(atob(text), c => c.charCodeAt(0))));
+      document.head.appendChild(s);
     }
-    document.documentElement.dataset.gaReady = "1";
-  })().catch(e => { console.error("gather-aggregate report: " + e); });
+  } catch (e) { console.error("gather-aggregate report: " + e); }
 })();
 </script>"""
 
+#: the last script of the body: every figure and view above it has run
+READY = '<script>document.documentElement.dataset.gaReady = "1";</script>'
+
 
 def unpack_loader() -> str:
-    """The ``<script>`` that unpacks :func:`packed_script` libraries and then runs the deferred scripts."""
+    """The ``<script>`` (in the head, after the packed libraries) that unpacks them synchronously."""
     return _LOADER

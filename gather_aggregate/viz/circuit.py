@@ -3,7 +3,7 @@
 Each head is a box named ``L{layer}H{head}`` with its evidence (``alone``: its
 own ablation stands out in the scan; ``joint``: one of the role's redundant
 heads, confirmed by removing them together; ``pattern``: no scan was given)
-and its pattern score.  Arrows join the detector's G→A pairs.  A role with no
+and its pattern share.  Arrows join the detector's G→A pairs.  A role with no
 named head is drawn as a dashed box that says so.
 """
 
@@ -105,8 +105,8 @@ def circuit_diagram(gather: Sequence[Mapping[str, Any]], aggregate: Sequence[Map
     parts.append("</svg>")
     cap = ("Arrows: the detector's G→A pairs (solid) or no pair found (dashed grey). Under each head: its "
            "evidence (<em>alone</em>: its own ablation stands out; <em>joint</em>: removing the role's "
-           "redundant heads together costs a material amount) and its pattern score "
+           "redundant heads together costs a material amount) and its pattern share "
            f"({html.escape(scores[0])} / {html.escape(scores[1])}: the share of the head's row that the detector "
-           "read).")
+           "read; docs/glossary.md).")
     head = f"<div><strong>{html.escape(title)}</strong></div>" if title else ""
     return HtmlFragment(f'<div class="ga-circuit-view">{head}{"".join(parts)}<p class="ga-note">{cap}</p></div>')

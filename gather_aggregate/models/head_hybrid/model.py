@@ -172,7 +172,8 @@ class HookedHeadHybrid(ProtocolMixin, CheckedHooks, HookedRootModule):
         out = Path(directory).expanduser()
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        atomic_write(out / WEIGHTS, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+        meta = {"format": "pt", "ga_kept": json.dumps(self.cfg.kept)}  # what load checks config.json against
+        atomic_write(out / WEIGHTS, lambda tmp: save_file(state, str(tmp), metadata=meta))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(out))
         atomic_write_text(out / "config.json", json.dumps(self.cfg.to_dict(), indent=1) + "\n")
@@ -223,6 +224,21 @@ def load_head_hybrid(directory: str | os.PathLike[str], *, device: Any = None, d
     missing, extra = sorted(want - set(state)), sorted(set(state) - want)
     if missing or extra:
         raise CheckpointError(f"{WEIGHTS} does not match config.json: missing {missing[:4]}, unexpected {extra[:4]}")
+    fix = "config.json was edited after the weights were saved: restore it, or re-save the hybrid with " \
+          "model.save_pretrained(dir)"
+    own = model.state_dict()
+    shapes = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in sorted(own) if state[k].shape != own[k].shape]
+    if shapes:  # was torch's multi-line size-mismatch text
+        k, got, want = shapes[0]
+        raise CheckpointError(f"{WEIGHTS} does not match config.json: {k} is {got} in the checkpoint but {want} for "
+                              f"the config ({len(shapes)} tensors differ); {fix}")
+    from safetensors import safe_open
+
+    with safe_open(str(d / WEIGHTS), "pt") as f:
+        saved_kept = (f.metadata() or {}).get("ga_kept")
+    if saved_kept is not None and json.loads(saved_kept) != [list(k) for k in cfg.kept]:
+        raise CheckpointError(f"config.json keeps heads {cfg.kept} as attention, but the weights were saved keeping "
+                              f"{json.loads(saved_kept)} (same shapes, other heads); {fix}")
     model.load_state_dict(state)
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)

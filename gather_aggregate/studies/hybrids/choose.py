@@ -25,14 +25,28 @@ STRATEGIES = ("scan", "detector", "random", "bottom")
 
 
 def scan_order(model: HookedModel, examples: Sequence[Any], scan: Any = None) -> tuple[list[Head], Any]:
-    """Every head, most important first by the exact zero-ablation scan (and the scan)."""
-    if scan is None:
+    """Every head, most important first by the exact zero-ablation scan (and the scan).  A given ``scan`` must
+    be of ``model`` over ``examples`` and must order its heads (else :class:`ProvenanceError` / InputError)."""
+    if scan is not None:
+        from gather_aggregate.detect.detector import check_scan
+
+        if not callable(getattr(scan, "ranked", None)):
+            raise InputError(f"scan must be a ScanResult (exact_scan(...) or ScanResult.load(path)), got "
+                             f"{type(scan).__name__}")
+        check_scan(model, examples, scan)
+    else:
         from gather_aggregate.scan.exact import exact_scan
         from gather_aggregate.tasks.metric import task_metric
 
         tokens, metric = task_metric(model, list(examples))
         scan = exact_scan(model, tokens, metric, progress=False)
-    return [(int(r["layer"]), int(r["head"])) for r in scan.ranked().rows], scan
+    scan.check_ordered()
+    order = [(int(r["layer"]), int(r["head"])) for r in scan.ranked().rows]
+    missing = [hd for hd in model.all_heads() if hd not in set(order)]
+    if missing:  # a partial scan ranked only some heads: "bottom" would take the last scanned, not the least
+        raise InputError(f"scan has no row for L{missing[0][0]}H{missing[0][1]} ({len(missing)} of the model's "
+                         f"heads unscanned); scan every head (heads=None) to rank them")
+    return order, scan
 
 
 def choose_heads(model: HookedModel, examples: Sequence[Any], k: int, strategy: str = "scan", *, seed: int = 0,
