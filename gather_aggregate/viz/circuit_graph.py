@@ -1,7 +1,8 @@
 """The circuit as a graph: nodes by layer, the strongest edges with widths, Gather / Aggregate coloured (plotly).
 
 Columns are layers (``embed`` left, ``logits`` right); within a layer the heads stack from the top, then the
-layer's groups (shared inputs, diamonds), its convolution and its MLP.  An edge is drawn from its sender to the
+layer's groups (shared inputs, diamonds, a little left of the heads), its convolution (further left: it feeds them)
+and its MLP (right).  An edge is drawn from its sender to the
 receiver node of the input it enters, its width proportional to ``|value|`` (the exact value where it was
 re-scored, else the estimate), solid when the patched metric rises, dotted when it falls, labelled at its middle by
 the input it enters (``q``, ``k``, ``v``, ``x``, ``B``, ...); hovering shows both values.  :func:`circuit_figure` draws edge scores,
@@ -44,7 +45,8 @@ def _positions(names: Sequence[str], n_layers: int) -> dict[str, tuple[float, fl
     for name, kind, layer, _idx in sorted(keyed, key=lambda t: (t[2], _ORDER[t[1]], t[3])):
         r = rows.get(layer, 0)  # type: ignore[arg-type]
         rows[layer] = r + 1  # type: ignore[index]
-        pos[name] = (float(layer) + (0.35 if kind == "mlp" else 0.0), -float(r))  # type: ignore[arg-type]
+        shift = {"mlp": 0.35, "conv": -0.4, "G": -0.2, "KV": -0.2}.get(kind, 0.0)  # a layer's own edges slant
+        pos[name] = (float(layer) + shift, -float(r))  # type: ignore[arg-type]
     return pos
 
 
