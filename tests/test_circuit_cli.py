@@ -90,7 +90,8 @@ def test_edge_rows_figure_places_every_kind_of_node():
     fig = edge_rows_figure(rows, estimator="eap", gather=["L0conv"], aggregate=["L1H0"])
     drawn = {t for tr in fig.data if tr.mode == "markers+text" for t in tr.text}
     assert {"L0conv", "L0G1", "L0H1", "L1KV0", "MLP0", "embed", "logits", "L1H0"} <= drawn
-    widths = [tr.line.width for tr in fig.data if tr.mode == "lines"]
+    widths = [tr.line.width for tr in fig.data if tr.mode == "lines+text"]
+    assert [tr.text[1] for tr in fig.data if tr.mode == "lines+text"] == ["B", "k", "in"]
     assert widths[0] == max(widths)  # the largest |exact| draws widest
     with pytest.raises(errors.InputError, match="no node name"):
         edge_rows_figure([{"sender": "head 3", "receiver": "logits", "input": "in", "eap": 1.0}], estimator="eap")

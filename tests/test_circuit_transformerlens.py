@@ -1,8 +1,9 @@
 """Issue 41: edge and node scores on a bridged Llama equal TransformerLens 4.3's own attribution patching.
 
 TL scores the denoising direction, ``(a_clean − a_corrupt) · g_corrupt``, per position, per prompt; ours the
-noising one, ``(a_corrupt − a_clean) · g_clean``, summed over positions and averaged over prompts.  The map: TL on
-(clean ``A``, corrupt ``B``) is ours on (clean ``B``, corrupt ``A``), position sums, no sign flip."""
+noising one, ``(a_corrupt − a_clean) · g_clean``, summed over positions (or per position, ``positions=True``) and
+averaged over prompts.  The map: TL on (clean ``A``, corrupt ``B``) is ours on (clean ``B``, corrupt ``A``),
+position by position and summed, no sign flip."""
 
 from __future__ import annotations
 
@@ -41,17 +42,22 @@ def test_edges_and_nodes_equal_transformerlens_attribution_patching(seed):
 
     tl_edges = tl_ap.attribution_patch(model.module, a, b, metric, tl_ap.EdgeAttributionConfig(granularity="edge"))
     tl_nodes = tl_ap.attribution_patch(model.module, a, b, metric, tl_ap.EdgeAttributionConfig(granularity="node"))
-    ours = edge_attribution(model, b, metric, corrupt=a)  # the roles swapped, as the module docstring says
+    ours = edge_attribution(model, b, metric, corrupt=a, positions=True)  # roles swapped (module docstring)
 
     summed: dict[tuple[str, str], float] = {}
+    by_position = []
     for (w, r), v in tl_edges.edge_scores.items():
         key = (_writer(w), _reader(r))
         summed[key] = summed.get(key, 0.0) + v
+        assert w.position == r.position  # TL's edges join one position's write and read
+        ((i, s),) = ours.graph.edge_index([key])
+        by_position.append(abs(v - float(ours.per_position[i, s, w.position])))
     assert set(summed) == set(ours.graph.edges())  # the same graph: every edge of each, none more
     scale = max(abs(v) for v in summed.values())
     assert scale > 1e-3
     worst = max(abs(summed[e] - ours.value(*e)) for e in summed)
     assert worst < 1e-6 * max(1.0, scale) + 1e-7
+    assert max(by_position) < 1e-6 * max(1.0, scale) + 1e-7  # and every position's score on its own
 
     nodes: dict[str, float] = {}
     for n, v in tl_nodes.node_scores.items():

@@ -14,8 +14,8 @@ estimates:
 **Sign convention.** Scores are ``M(patched) − M(clean)``: *noising* (the sender's corrupt output is patched into a
 clean run).  TransformerLens 4.3 (``tools.analysis.attribution_patching``) scores the *denoising* direction,
 ``(a_clean − a_corrupt) · g_corrupt``, per position and per prompt.  Its score on (clean ``A``, corrupt ``B``) is
-exactly ours on (clean ``B``, corrupt ``A``) summed over positions: swap the two prompt sets, do not negate
-(``tests/test_circuit_transformerlens.py`` holds the two to fp32 rounding).
+exactly ours on (clean ``B``, corrupt ``A``), per position (``positions=True``) and summed over positions: swap the
+two prompt sets, do not negate (``tests/test_circuit_transformerlens.py`` holds the two to fp32 rounding).
 
 **Cost.** One forward and backward (``k`` stacked copies for EAP-IG) with zero probes only at the hooks the
 graph's inputs read, then per layer a local run of that layer alone (stacked copies, one per input, ``chunk`` at a
@@ -68,6 +68,8 @@ class EdgeScores:
     steps: int = 1
     method: str = "corrupt"
     exact: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: with ``positions=True``: ``[n_inputs, n_senders, pos]``, the scores before the sum over positions
+    per_position: Tensor | None = None
 
     def value(self, sender: str, receiver: str) -> float:
         ((i, s),) = self.graph.edge_index([(sender, receiver)])
@@ -191,41 +193,44 @@ def _resid_deltas(graph: CircuitGraph, delta: dict[str, Tensor]) -> dict[int, Te
 
 def _score_rows(graph: CircuitGraph, rows: Sequence[int], gsrc: Tensor, delta: dict[str, Tensor],
                 resid_delta: dict[int, Tensor] | None = None) -> Tensor:
-    """Scores ``[len(rows), n_senders]`` of the inputs ``rows`` (one source) from their source gradients."""
-    out = torch.zeros(len(rows), len(graph.senders), dtype=torch.float64)
+    """Scores ``[len(rows), n_senders, pos]`` of the inputs ``rows`` (one source) from their source gradients, per
+    position of the edge (a sender writes and a receiver reads the residual at one position); NaN where no edge."""
+    n_pos = gsrc.shape[2]
+    out = torch.zeros(len(rows), len(graph.senders), n_pos, dtype=torch.float64)
     valid = graph.valid[list(rows)]
     x0 = graph.inputs[rows[0]]
     g = gsrc.to(torch.float32)
     if x0.source == "conv":
         s = next(j for j, snd in enumerate(graph.senders) if snd.kind == "conv" and snd.layer == x0.layer)
         d = delta[f"blocks.{x0.layer}.ssm.hook_conv_out"].to(g.dtype)
-        out[:, s] = torch.einsum("nbpc,bpc->n", g, d).double()
-        return torch.where(valid, out, torch.nan)
-    out[:, 0] = torch.einsum("nbpd,bpd->n", g, delta["blocks.0.hook_resid_pre"].to(g.dtype)).double()
+        out[:, s] = torch.einsum("nbpc,bpc->np", g, d).double()
+        return torch.where(valid[..., None], out, torch.nan)
+    out[:, 0] = torch.einsum("nbpd,bpd->np", g, delta["blocks.0.hook_resid_pre"].to(g.dtype)).double()
     for j, snd in enumerate(graph.senders):
         if snd.kind == "mlp" and bool(valid[:, j].any()):
-            out[:, j] = torch.einsum("nbpd,bpd->n", g, delta[f"blocks.{snd.layer}.hook_mlp_out"].to(g.dtype)).double()
+            out[:, j] = torch.einsum("nbpd,bpd->np", g, delta[f"blocks.{snd.layer}.hook_mlp_out"].to(g.dtype)).double()
     for L, (hook, w) in graph.out_proj.items():
         cols = [j for j, snd in enumerate(graph.senders) if snd.kind == "head" and snd.layer == L]
         if not bool(valid[:, cols].any()):
             continue
         if resid_delta is not None:
-            out[:, cols] = torch.einsum("nbpd,hbpd->nh", g, resid_delta[L]).double()
+            out[:, cols] = torch.einsum("nbpd,hbpd->nhp", g, resid_delta[L]).double()
             continue
         dz = delta[hook].to(g.dtype)
         wv = w.to(g.dtype).reshape(w.shape[0], dz.shape[2], -1)
         proj = torch.einsum("nbpd,dhk->nbphk", g, wv)
-        out[:, cols] = torch.einsum("nbphk,bphk->nh", proj, dz).double()
-    return torch.where(valid, out, torch.nan)
+        out[:, cols] = torch.einsum("nbphk,bphk->nhp", proj, dz).double()
+    return torch.where(valid[..., None], out, torch.nan)
 
 
 @analysis
 def edge_attribution(model: HookedModel, tokens: Any, metric: Any, *, corrupt: Any = None, method: str = "corrupt",
                      reference: Any = None, seed: int = 0, estimator: str = "eap", steps: int = 5,
-                     graph: CircuitGraph | None = None, chunk: int = 64) -> EdgeScores:
+                     graph: CircuitGraph | None = None, chunk: int = 64, positions: bool = False) -> EdgeScores:
     """EAP or EAP-IG scores of every edge (module docstring).  ``metric(logits) -> scalar`` (a mean over the
     prompts, differentiable); ``method`` and ``corrupt`` / ``reference`` say what a sender's ablated output is
-    (:mod:`gather_aggregate.attribution.edge_values`)."""
+    (:mod:`gather_aggregate.attribution.edge_values`).  ``positions=True`` also keeps each edge's score per
+    position (``EdgeScores.per_position``, ``[inputs, senders, pos]``: TransformerLens' edge nodes carry one)."""
     check_model(model)
     if estimator not in ESTIMATORS:
         raise InputError(f"unknown edge estimator {estimator!r}; use one of {ESTIMATORS}")
@@ -239,15 +244,21 @@ def edge_attribution(model: HookedModel, tokens: Any, metric: Any, *, corrupt: A
     alphas = [0.0] if estimator == "eap" else [(j + 0.5) / steps for j in range(steps)]
     e0 = "blocks.0.hook_resid_pre"
     g_hook, src = _gradient_pass(model, graph, tokens, metric, alphas, state[e0], ablated[e0])
+    if not isinstance(positions, bool):
+        raise InputError(f"positions must be True or False, got {positions!r}")
     scores = torch.full(tuple(graph.valid.shape), torch.nan, dtype=torch.float64)
+    per_pos = torch.full((*graph.valid.shape, tokens.shape[1]), torch.nan, dtype=torch.float64) if positions else None
     resid_delta = _resid_deltas(graph, delta)
     for L, source in graph.sources():
         rows = [i for i, x in enumerate(graph.inputs) if x.layer == L and x.source == source]
         for c in range(0, len(rows), chunk):
             part = rows[c:c + chunk]
             gsrc = _input_gradients(model, graph, part, g_hook, src, len(alphas))
-            scores[part] = _score_rows(graph, part, gsrc, delta, resid_delta)
-    return EdgeScores(graph, scores, estimator, len(alphas), method)
+            got = _score_rows(graph, part, gsrc, delta, resid_delta)
+            scores[part] = got.sum(-1)
+            if per_pos is not None:
+                per_pos[part] = got
+    return EdgeScores(graph, scores, estimator, len(alphas), method, per_position=per_pos)
 
 
 @analysis
@@ -278,7 +289,7 @@ def rescore(model: HookedModel, tokens: Any, metric: Any, estimate: EdgeScores, 
     short = estimate.ranked()[:k]
     got = exact_edge_effects(model, graph, tokens, metric, ablated, short)
     return EdgeScores(graph, estimate.scores, estimate.estimator, estimate.steps, estimate.method,
-                      {**estimate.exact, **got})
+                      {**estimate.exact, **got}, estimate.per_position)
 
 
 __all__ = ["ESTIMATORS", "EdgeScores", "circuit_mask", "edge_attribution", "exact_edges", "rescore"]

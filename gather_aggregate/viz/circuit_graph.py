@@ -1,10 +1,11 @@
 """The circuit as a graph: nodes by layer, the strongest edges with widths, Gather / Aggregate coloured (plotly).
 
 Columns are layers (``embed`` left, ``logits`` right); within a layer the heads stack from the top, then the
-layer's groups (shared inputs, diamonds), its convolution and its MLP.  An edge is drawn from its sender to the
+layer's groups (shared inputs, diamonds, a little left of the heads), its convolution (further left: it feeds them)
+and its MLP (right).  An edge is drawn from its sender to the
 receiver node of the input it enters, its width proportional to ``|value|`` (the exact value where it was
-re-scored, else the estimate), solid when the patched metric rises, dotted when it falls; hovering shows the input
-(``q``, ``k``, ``v``, ``x``, ``B``, ...) and both values.  :func:`circuit_figure` draws edge scores,
+re-scored, else the estimate), solid when the patched metric rises, dotted when it falls, labelled at its middle by
+the input it enters (``q``, ``k``, ``v``, ``x``, ``B``, ...); hovering shows both values.  :func:`circuit_figure` draws edge scores,
 :func:`edge_rows_figure` the rows of a saved table (``circuit.json``: what the study report reads), and
 :func:`circuit_html` writes one offline page (plotly.js inlined).
 """
@@ -44,7 +45,8 @@ def _positions(names: Sequence[str], n_layers: int) -> dict[str, tuple[float, fl
     for name, kind, layer, _idx in sorted(keyed, key=lambda t: (t[2], _ORDER[t[1]], t[3])):
         r = rows.get(layer, 0)  # type: ignore[arg-type]
         rows[layer] = r + 1  # type: ignore[index]
-        pos[name] = (float(layer) + (0.35 if kind == "mlp" else 0.0), -float(r))  # type: ignore[arg-type]
+        shift = {"mlp": 0.35, "conv": -0.4, "G": -0.2, "KV": -0.2}.get(kind, 0.0)  # a layer's own edges slant
+        pos[name] = (float(layer) + shift, -float(r))  # type: ignore[arg-type]
     return pos
 
 
@@ -66,10 +68,11 @@ def edge_rows_figure(rows: Sequence[dict[str, Any]], *, estimator: str = "estima
         (x0, y0), (x1, y1) = pos[r["sender"]], pos[r["receiver"]]
         what = f"{r['sender']} → {r['receiver']}.{r['input']}<br>{estimator} {r[estimator]:+.4g}" + (
             f"<br>exact {r['exact']:+.4g}" if r.get("exact") is not None else "")
-        fig.add_trace(go.Scatter(x=[x0, (x0 + x1) / 2, x1], y=[y0, (y0 + y1) / 2 + 0.15, y1], mode="lines",
+        fig.add_trace(go.Scatter(x=[x0, (x0 + x1) / 2, x1], y=[y0, (y0 + y1) / 2 + 0.15, y1], mode="lines+text",
                                  line={"width": 0.8 + 9 * abs(value) / biggest, "color": "#555",
                                        "dash": "solid" if value >= 0 else "dot"},
-                                 hoverinfo="text", text=[what] * 3, showlegend=False, opacity=0.75))
+                                 text=["", r["input"], ""], textposition="top center", textfont={"size": 10},
+                                 hoverinfo="text", hovertext=[what] * 3, showlegend=False, opacity=0.75))
     roles = {**{n: "gather" for n in gather}, **{n: "aggregate" for n in aggregate}}
     groups: dict[str, list[str]] = {}
     for n in sorted(names, key=lambda n: pos[n]):
