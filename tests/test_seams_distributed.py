@@ -162,10 +162,11 @@ def test_a_checkpoint_gone_since_the_driver_loaded_it_is_the_load_error_not_a_lo
     model = load_model(tmp_path / "m")
     shutil.rmtree(tmp_path / "m")
     tokens = torch.randint(0, model.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
-    t0 = time.perf_counter()
     with pytest.raises(ModelLoadError, match="no such model directory") as err:
         exact_scan(model, tokens, _last_logit, ray=True, num_workers=1, progress=False)
-    assert "\n" not in str(err.value) and time.perf_counter() - t0 < 60
+    # the load error itself, in one line: the lost-worker path retries 3 times and ends in a RuntimeError instead.
+    # (A wall-time bound of 60 s was here too: 12 s alone, but 63 s inside the full suite on a loaded 2-core machine.)
+    assert "\n" not in str(err.value)
 
 
 def _last_logit(logits):
