@@ -224,11 +224,16 @@ class GAHeads:
 
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once)."""
-        out: list[Head] = []
-        for hd in self.aggregate + self.gather:
-            if hd not in out:
-                out.append(hd)
-        return out
+        return aggregate_then_gather(self.aggregate, self.gather)
+
+
+def aggregate_then_gather(aggregate: Sequence[Head], gather: Sequence[Head]) -> list[Head]:
+    """The named heads, Aggregate heads first, then Gather heads, each once (the set a G&A ablation removes)."""
+    out: list[Head] = []
+    for hd in [*aggregate, *gather]:
+        if hd not in out:
+            out.append(hd)
+    return out
 
 
 def _reads_segment(table: Sequence[dict[str, Any]], summary: str, segment: str) -> bool:

@@ -63,11 +63,9 @@ class DetectionResult(TableResult):
 
     def ga_heads(self) -> list[Head]:
         """Aggregate heads first, then Gather heads (each once): the set ``Study.ablate()`` removes by default."""
-        out: list[Head] = []
-        for hd in self.aggregate + self.gather:
-            if hd not in out:
-                out.append(hd)
-        return out
+        from gather_aggregate.detect.detector import aggregate_then_gather
+
+        return aggregate_then_gather(self.aggregate, self.gather)
 
     def cards(self) -> list[dict[str, Any]]:
         """One card per named head: role, evidence, pattern share, loss alone, group loss and the rule."""
