@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from holdout_formats import FORMATS, render  # noqa: E402
-from train_fixtures import _doc, mixture_training, ship  # noqa: E402
+from train_fixtures import _doc, mixture_training, ship, world_with_words  # noqa: E402
 
 HOLDOUTS = {"table-neox": dict(family="neox", fmt="table", seed=7, world_seed=5),
             "table-qwen2": dict(family="qwen2", fmt="table", seed=11, world_seed=6),
@@ -86,16 +86,8 @@ N_EVAL_PAIRS = 8
 
 
 def format_world(seed: int, fmt: str) -> Any:
-    from gather_aggregate.training.vocab import World, make_world
-
-    class TableWorld(World):
-        @property
-        def words(self) -> list[str]:  # the zoo's words plus the format's own
-            base = super().words
-            return base + [w for w in FORMATS[fmt]["words"] if w not in base]
-
-    w = make_world(seed)
-    return TableWorld(**{f: getattr(w, f) for f in w.__dataclass_fields__})
+    """The world of ``seed`` with ``fmt``'s own words in its vocabulary."""
+    return world_with_words(seed, FORMATS[fmt]["words"])
 
 
 def build_holdout(family: str, seed: int, vocab_size: int, pad_id: int, eos_id: int, n_layers: int = 2,
