@@ -51,6 +51,9 @@ def no_model_loads(monkeypatch):
     (["--arch", "bamba", "--attn-layers", "1,1"], "must list distinct layers"),
     (["--arch", "llama", "--attn-layers", "0"], "--arch llama has none: drop it or pass --arch bamba"),
     (["--grow-to", "6"], "--grow-to needs --init"),
+    (["--arch", "mamba1", "--grow-state", "16"], "--grow-state needs --init"),
+    (["--grow-state", "16"], "--grow-state widens a Mamba-1 state; --arch llama cannot: drop it"),
+    (["--arch", "mamba1", "--grow-to", "4"], "--grow-to appends Llama layers; --arch mamba1 cannot: drop it"),
 ])
 def test_zoo_train_options_are_refused_before_the_folder_exists(tmp_path, capsys, extra, needle):
     out = tmp_path / "zoo-out"
@@ -219,11 +222,14 @@ def test_a_transformer_whose_config_was_edited_names_the_tensor_and_both_shapes(
     (["--init", "NOWHERE"], "is not a model directory (no config.json)"),
     (["--arch", "mamba2", "--init", "ZOO"], "holds a 'llama' model, not --arch 'mamba2'"),
     (["--init", "ZOO", "--grow-to", "1"], "--grow-to 1 is below the --init checkpoint's"),
+    (["--arch", "mamba1", "--init", "MAMBA1", "--grow-state", "4"],
+     "--grow-state 4 is below the --init checkpoint's state size 8; pass --grow-state 8 or more"),
 ])
 def test_zoo_train_warm_starts_are_checked_before_the_folder_exists(tmp_path, capsys, extra, needle):
     from gather_aggregate.zoo import zoo_path
 
-    extra = [str(tmp_path / "nowhere") if x == "NOWHERE" else str(zoo_path("llama-kv")) if x == "ZOO" else x
+    extra = [str(tmp_path / "nowhere") if x == "NOWHERE" else str(zoo_path("llama-kv")) if x == "ZOO"
+             else str(zoo_path("mamba1-ga")) if x == "MAMBA1" else x
              for x in extra]
     line = _run(["zoo", "train", "--out", str(tmp_path / "o"), "--steps", "1", *extra], capsys)
     assert needle in line, line

@@ -301,6 +301,50 @@ def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
                   small.config.vocab_size)
 
 
+def test_grow_state_widens_a_mamba1_state_keeping_its_function_and_the_new_dims_learn(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from gather_aggregate.core.errors import InputError
+    from gather_aggregate.training.train import TrainConfig, load_init, main, train_step
+
+    base = ["--steps", "2", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "2",
+            "--eval-n", "4", "--kv-max", "4", *SMOKE["mamba1"]]
+    assert main(["--arch", "mamba1", "--out", str(tmp_path / "a"), *base]) == 0
+    small = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    grown = load_init(TrainConfig(arch="mamba1", out=str(tmp_path / "b"), init=str(tmp_path / "a"), grow_state=9),
+                      small.config.vocab_size)
+    mixer = grown.backbone.layers[0].mixer
+    assert grown.config.state_size == mixer.ssm_state_size == 9 and mixer.A_log.shape[1] == 9
+    assert mixer.x_proj.weight.shape[0] == mixer.time_step_rank + 18
+    x = torch.randint(0, small.config.vocab_size, (2, 12))
+    with torch.no_grad():  # the chunked training scan and HF's path on the narrow model agree to rounding
+        torch.testing.assert_close(grown(input_ids=x).logits, small(input_ids=x).logits, atol=1e-5, rtol=0)
+    # the new B rows start at zero but get a gradient (the new C rows are not zero)
+    grown.train()
+    logits = grown(input_ids=x).logits
+    logits.square().mean().backward()
+    new_b = mixer.x_proj.weight.grad[mixer.time_step_rank + 4:mixer.time_step_rank + 9]
+    assert mixer.x_proj.weight[mixer.time_step_rank + 4:mixer.time_step_rank + 9].abs().max() == 0
+    assert new_b.abs().max() > 0
+    opt = torch.optim.AdamW(grown.parameters(), lr=1e-2)
+    y = torch.randint(0, small.config.vocab_size, (2, 12))
+    train_step(grown, opt, x, y)
+    assert mixer.x_proj.weight[mixer.time_step_rank + 4:mixer.time_step_rank + 9].abs().max() > 0
+    # through the CLI: the widened model trains, saves and reloads with its new state size
+    assert main(["--arch", "mamba1", "--out", str(tmp_path / "c"), "--init", str(tmp_path / "a"),
+                 "--grow-state", "6", *base]) == 0
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "c").config.state_size == 6
+    assert json.loads((tmp_path / "c" / "train_config.json").read_text())["config"]["d_state"] == 6
+    with pytest.raises(InputError, match="needs --init"):
+        main(["--arch", "mamba1", "--out", str(tmp_path / "d"), "--grow-state", "6", *base])
+    with pytest.raises(InputError, match="below the --init checkpoint's state size 6"):
+        main(["--arch", "mamba1", "--out", str(tmp_path / "e"), "--init", str(tmp_path / "c"), "--grow-state", "5",
+              *base])
+    with pytest.raises(InputError, match="--arch llama cannot"):
+        main(["--arch", "llama", "--out", str(tmp_path / "f"), "--init", str(tmp_path / "a"), "--grow-state", "6",
+              *base])
+
+
 def test_ablate_heads_changes_outputs_only_inside_the_block(tmp_path):
     from gather_aggregate.testing.tiny_models import tiny_llama
 

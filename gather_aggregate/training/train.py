@@ -107,6 +107,8 @@ def load_init(cfg: TrainConfig, vocab_size: int) -> Any:
         set_mamba1_scan(model, cfg.mamba1_scan)
     if cfg.grow_to is not None:
         grow_layers(model, cfg.grow_to, cfg.seed)
+    if cfg.grow_state is not None:
+        grow_state(model, cfg.grow_state, cfg.seed)
     return model
 
 
@@ -141,6 +143,38 @@ def grow_layers(model: PreTrainedModel, n_layers: int, seed: int) -> None:
             layer.mlp.down_proj.weight.zero_()
         layers.append(layer)
     model.config.num_hidden_layers = n_layers
+
+
+def grow_state(model: PreTrainedModel, d_state: int, seed: int) -> None:
+    """Widen every Mamba-1 mixer's SSM state from N to ``d_state`` dimensions per channel, keeping the function.
+
+    Mamba-1 writes ``h_t[c, n] = exp(δ_t[c] A[c, n]) h_{t-1}[c, n] + δ_t[c] B_t[n] x_t[c]`` and reads
+    ``y_t[c] = Σ_n C_t[n] h_t[c, n]``; ``B_t`` and ``C_t`` are rows of ``x_proj``'s output.
+
+    1. The new ``B`` rows of ``x_proj`` are zero, so the new state dimensions are never written (``h[:, n] = 0``)
+       and ``y`` is what the narrow model computed.
+    2. The new ``C`` rows are random at the scale of the old ones: ``∂loss/∂B_new`` is proportional to ``C_new``,
+       so the new dimensions start learning at once (both at zero would keep both at zero).
+    3. The new ``A_log`` columns continue HF's S4D-real initialisation, ``A[c, n] = -(n + 1)``.
+    """
+    if model.config.model_type != "mamba":
+        raise ValueError(f"--grow-state widens Mamba-1 checkpoints only, not {model.config.model_type!r}")
+    old = int(model.config.state_size)
+    if d_state < old:
+        raise ValueError(f"--grow-state {d_state} is below the checkpoint's state size {old}")
+    gen = torch.Generator().manual_seed(seed)
+    for layer in model.backbone.layers:
+        mixer = layer.mixer
+        r, w = mixer.time_step_rank, mixer.x_proj.weight.detach()
+        dt_rows, b_rows, c_rows = w[:r], w[r:r + old], w[r + old:]
+        new_b = torch.zeros(d_state - old, w.shape[1], dtype=w.dtype)
+        new_c = torch.randn(d_state - old, w.shape[1], generator=gen, dtype=w.dtype) * c_rows.std()
+        mixer.x_proj.weight = torch.nn.Parameter(torch.cat([dt_rows, b_rows, new_b, c_rows, new_c]))
+        mixer.x_proj.out_features = r + 2 * d_state
+        a_new = torch.log(torch.arange(old + 1, d_state + 1, dtype=mixer.A_log.dtype)).expand(mixer.A_log.shape[0], -1)
+        mixer.A_log = torch.nn.Parameter(torch.cat([mixer.A_log.detach(), a_new], dim=1))
+        mixer.ssm_state_size = d_state
+    model.config.state_size = d_state
 
 
 def set_mamba1_scan(model: Any, scan: str) -> Any:

@@ -76,6 +76,9 @@ class TrainConfig:
     init: str | None = _option(None, "warm-start from a model directory this script wrote (same --arch)")
     grow_to: int | None = _option(
         None, "llama with --init only: append identity-initialised layers up to N layers", metavar="N")
+    grow_state: int | None = _option(
+        None, "mamba1 with --init only: widen the SSM state to N dimensions per channel, the function unchanged "
+              "(new dimensions start unwritten)", metavar="N")
     keep_checkpoints: bool = _option(
         False, "also keep every eval's checkpoint, in <out>/checkpoints/step<N> (for curriculum stages)")
     stop_after: int | None = _option(
@@ -172,15 +175,22 @@ def check_config(cfg: TrainConfig) -> None:
         if bad or not cfg.attn_layers or len(set(cfg.attn_layers)) != len(cfg.attn_layers):
             raise InputError(f"--attn-layers {','.join(map(str, cfg.attn_layers))} must list distinct layers in "
                              f"0..{n - 1} (the model has {n} layers; --n-layers sets it)")
-    if cfg.grow_to is not None and not cfg.init:
-        raise InputError("--grow-to needs --init (it grows a trained checkpoint)")
+    for name, arch, what in (("grow_to", "llama", "appends Llama layers"),
+                             ("grow_state", "mamba1", "widens a Mamba-1 state")):
+        if getattr(cfg, name) is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if cfg.arch != arch:
+            raise InputError(f"{flag} {what}; --arch {cfg.arch} cannot: drop it")
+        if not cfg.init:
+            raise InputError(f"{flag} needs --init (it grows a trained checkpoint)")
     if cfg.init:
         _check_init(cfg)
 
 
 def _check_init(cfg: TrainConfig) -> None:
     """``--init``: a directory this script wrote, of the same ``--arch``; ``--grow-to`` (Llama only) at least its
-    layer count.  These were ValueErrors after the output folder existed."""
+    layer count, ``--grow-state`` (Mamba-1 only) at least its state size.  These were ValueErrors after the output folder existed."""
     from pathlib import Path
 
     init = Path(str(cfg.init)).expanduser()
@@ -190,7 +200,8 @@ def _check_init(cfg: TrainConfig) -> None:
     rec_path = init / "train_config.json"
     try:
         arch = json.loads(rec_path.read_text()).get("config", {}).get("arch") if rec_path.is_file() else None
-        n_layers = json.loads((init / "config.json").read_text()).get("num_hidden_layers")
+        hf = json.loads((init / "config.json").read_text())
+        n_layers, d_state = hf.get("num_hidden_layers"), hf.get("state_size")
     except (OSError, ValueError, AttributeError):
         raise InputError(f"--init {str(init)!r}: its config.json or train_config.json is not readable JSON; pass a "
                          "directory `gather-aggregate zoo train` wrote") from None
@@ -198,17 +209,20 @@ def _check_init(cfg: TrainConfig) -> None:
         raise InputError(f"--init {str(init)!r} holds a {arch!r} model, not --arch {cfg.arch!r}; warm-start from a "
                          "directory trained with the same --arch")
     if cfg.grow_to is not None:
-        if cfg.arch != "llama":
-            raise InputError(f"--grow-to appends Llama layers; --arch {cfg.arch} cannot grow: drop it")
         if isinstance(n_layers, int) and cfg.grow_to < n_layers:
             raise InputError(f"--grow-to {cfg.grow_to} is below the --init checkpoint's {n_layers} layers; pass "
                              f"--grow-to {n_layers} or more")
+    if cfg.grow_state is not None:
+        if isinstance(d_state, int) and cfg.grow_state < d_state:
+            raise InputError(f"--grow-state {cfg.grow_state} is below the --init checkpoint's state size {d_state}; "
+                             f"pass --grow-state {d_state} or more")
 
 
 #: the least value of each numeric option (None: not given, the architecture's default); curriculum is a share
 _AT_LEAST: dict[str, float] = {
     **dict.fromkeys(("steps", "threads", "batch_size", "bucket", "eval_every", "eval_n", "log_every", "kv_start",
-                     "kv_max", "d_model", "n_layers", "n_heads", "d_ff", "d_state", "grow_to", "stop_after"), 1),
+                     "kv_max", "d_model", "n_layers", "n_heads", "d_ff", "d_state", "grow_to", "grow_state",
+                     "stop_after"), 1),
     **dict.fromkeys(("seed", "world_seed", "warmup", "curriculum"), 0),
 }
 
