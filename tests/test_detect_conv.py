@@ -96,6 +96,27 @@ def test_a_smooth_row_that_favours_the_correct_segment_is_selective():
     assert on_correct / base >= 2.0
 
 
+def test_the_rank_at_the_slot_sees_past_a_decay_towards_the_query():
+    """A row decaying towards the query (the last segment gets most) with a bump on the correct segment: raw, the
+    correct segment ranks first only where it is the last one (``aggregate_beats_wrong``: 1 of 5); each
+    segment over its slot's base, it ranks first everywhere (``aggregate_slot_first`` 1.0).  A head fixed on the last
+    slot stays at chance (1 / 5): it ranks first only where the correct segment happens to sit in that slot."""
+    decay = torch.tensor([0.02, 0.04, 0.08, 0.16, 0.4])
+    rows, correct = [], []
+    for b in range(10):
+        r = decay.clone()
+        r[b % 5] += 0.12
+        rows.append(r.tolist())
+        correct.append(b % 5)
+    on, corr, wrong = _slot_rows(rows, correct, 5)
+    raw_first = float((on[torch.arange(10), 0, corr] > on[..., 0, :].masked_fill(~wrong, -1).max(-1).values)
+                      .float().mean())
+    assert raw_first == pytest.approx(0.2)
+    assert float(_slot_base([(on, corr, wrong)])[1][0]) == 1.0
+    fixed = _slot_rows([[0.0, 0.0, 0.0, 0.0, 1.0]] * 10, correct, 5)
+    assert float(_slot_base([fixed])[1][0]) == pytest.approx(0.2)
+
+
 def test_the_conv_of_the_records_ssm_is_its_gather():
     """``records-mamba2`` (a fixture never used by the zoo): its Aggregate heads sit in layer 0, so no head can
     gather before them; layer 0's short conv is named as the Gather, and no other layer's conv is."""

@@ -50,7 +50,11 @@ a wrong segment, averaged over the prompts like ``aggregate_on_correct``; ``aggr
 slot_base says how much more a segment gets *because it is the correct one*, with its position held fixed (1 = no
 preference).  A head fixed on a position (previous-token, recency, a sink) scores 1 whatever its hit rate in a
 small prompt sample, while an SSM's smooth Aggregate row, whose decaying tail gives nearby wrong segments a good
-share, still scores well above 1.
+share, still scores well above 1.  ``aggregate_slot_first`` is the rank with the position held fixed the same way:
+the share of prompts whose correct segment, divided by its slot's base, beats every wrong segment divided by its
+own slot's base (chance: 1 / number of segments).  The raw rank ``aggregate_beats_wrong`` asks which segment a
+decaying SSM row is nearest to as much as which one it reads: the last segment before the query wins most prompts
+whatever is asked.
 
 (Row keys: ``gather@READ``, ``gather_uniform@READ``, ``gather_excl_prev@READ`` per read position; the detector
 copies the chosen read's values to ``gather_mass`` and ``gather_lift``.)
@@ -75,12 +79,13 @@ READS = ("summary", "last-1", "last-2")
 #: least GATHER_MIN_MASS of that mass: the segment is where the row reads, not one place among many
 GATHER_MIN_LIFT = 2.0
 GATHER_MIN_MASS = 0.1
-#: ... an Aggregate pattern candidate when its query row ranks the correct segment first (more than every wrong
-#: segment) in at least half the prompts (chance: 1 / segments; 4x chance at 8 segments), and gives it at least
-#: twice the share it gives the same slot when that slot holds a wrong segment (``aggregate_selectivity``: a head
-#: fixed on one position, e.g. a previous-token head landing on the last segment, hits whenever that segment is the
-#: right one, but gives the slot as much when it is wrong, so it scores 1).  Both compare the correct segment only
-#: with the other segments of the same head's rows: a rank and a position-controlled ratio, whatever the row's scale.
+#: ... an Aggregate pattern candidate when its query row, each segment's share taken over what its slot gets when it
+#: holds a wrong segment, ranks the correct segment first in at least half the prompts (``aggregate_slot_first``;
+#: chance: 1 / segments, 4x chance at 8 segments), and gives it at least twice the share it gives the same slot when
+#: that slot holds a wrong segment (``aggregate_selectivity``: a head fixed on one position, e.g. a previous-token
+#: head landing on the last segment, hits whenever that segment is the right one, but gives the slot as much when it
+#: is wrong, so it scores 1).  Both compare the correct segment only with the other segments of the same head's
+#: rows, with the position held fixed: a rank and a ratio, whatever the row's scale or its decay towards the query.
 AGGREGATE_MIN_HIT = 0.5
 AGGREGATE_MIN_SELECTIVITY = 2.0
 #: not a gate (``aggregate_lift`` is reported): the bar ``tests/planted_matrix.py --without-selectivity`` puts in the
@@ -236,7 +241,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
             for name, v in acc.items():
                 sums[(info.index, name)] = sums.get((info.index, name), 0) + v
     sums = {k: v.cpu() for k, v in sums.items()}  # one copy per sum, not a GPU sync per head below
-    slot_base = {layer: _slot_base(data) for layer, data in slots.items()}
+    slot_stats = {layer: _slot_base(data) for layer, data in slots.items()}
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for info in model.layers:
         for h in range(info.n_heads):
@@ -253,35 +258,42 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                               ("aggregate_uniform", "aggregate_uniform"), ("aggregate_hit", "aggregate_beats_wrong")):
                 row[col] = float(sums[(info.index, name)][h]) / n
             row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
-            row["aggregate_slot_base"] = float(slot_base[info.index][h])
+            row["aggregate_slot_base"] = float(slot_stats[info.index][0][h])
+            row["aggregate_slot_first"] = float(slot_stats[info.index][1][h])
             row["aggregate_selectivity"] = row["aggregate_on_correct"] / max(row["aggregate_slot_base"], 1e-12)
             row["read_profile"] = {read: float(sums[(info.index, f"profile:{read}")][h]) / n for read in profile}
             out[(info.index, h)] = row
     return {"heads": out, "reads": list(reads)}
 
 
-def _slot_base(data: list[tuple[Tensor, Tensor, Tensor]]) -> Tensor:
+def _slot_base(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     """Per head ``[h]``: the mean over prompts of what the query row gives the correct segment's slot in the
-    prompts where that slot holds a wrong segment (``aggregate_slot_base``).  ``data`` holds per batch the query
-    row's mass per segment ``[b, h, seg]``, the correct index ``[b]`` and the wrong-segment mask ``[b, seg]``.  A
-    prompt whose correct slot is never wrong elsewhere (a one-prompt sample) falls back to that prompt's own mean
-    wrong segment."""
+    prompts where that slot holds a wrong segment (``aggregate_slot_base``), and the share of prompts whose correct
+    segment over its slot's base beats every wrong one over its own (``aggregate_slot_first``).  ``data`` holds per
+    batch the query row's mass per segment ``[b, h, seg]``, the correct index ``[b]`` and the wrong-segment mask
+    ``[b, seg]``.  A prompt whose correct slot is never wrong elsewhere (a one-prompt sample) falls back to that
+    prompt's own mean wrong segment, as base of every slot."""
     n_seg = max(m.shape[-1] for m, _, _ in data)
     on = torch.cat([torch.nn.functional.pad(m, (0, n_seg - m.shape[-1])) for m, _, _ in data])  # [B, h, seg]
     corr = torch.cat([c for _, c, _ in data])  # [B]
     wrong = torch.cat([torch.nn.functional.pad(w, (0, n_seg - w.shape[-1])) for _, _, w in data]).float()
     if on.shape[0] == 0:
-        return torch.zeros(on.shape[1])
+        return torch.zeros(on.shape[1]), torch.zeros(on.shape[1])
     per_slot = (on * wrong[:, None]).sum(0) / wrong.sum(0).clamp_min(1)  # [h, seg]
     seen = wrong.sum(0) > 0  # [seg]
     own_mean = (on * wrong[:, None]).sum(-1) / wrong.sum(-1, keepdim=True).clamp_min(1)  # [B, h]
     base = torch.where(seen[corr][:, None], per_slot[:, corr].T, own_mean)  # [B, h]
-    return base.mean(0)
+    # each segment's share over its slot's base: the rank with the position held fixed
+    slot_b = torch.where(seen[None, None], per_slot[None], own_mean[..., None])  # [B, h, seg]
+    norm = on / slot_b.clamp_min(1e-12)
+    n_corr = norm.gather(2, corr[:, None, None].expand(-1, norm.shape[1], 1))[..., 0]  # [B, h]
+    n_wrong = norm.masked_fill(wrong[:, None] == 0, -1.0).max(-1).values
+    return base.mean(0), (n_corr > n_wrong).float().mean(0)
 
 
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
     """Aggregate pattern candidate (thresholds: module constants, meaning in the module docstring)."""
-    return (row["aggregate_beats_wrong"] >= AGGREGATE_MIN_HIT
+    return (row["aggregate_slot_first"] >= AGGREGATE_MIN_HIT
             and row["aggregate_selectivity"] >= AGGREGATE_MIN_SELECTIVITY)
 
 
