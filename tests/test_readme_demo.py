@@ -3,7 +3,7 @@
 The README's block under "What the demo prints and draws" is compared with the tables a fresh
 ``gather-aggregate demo`` run prints (everything from "accuracy on" to the end of the Gather/Aggregate table;
 the progress bars and the closing line with the wall time are not part of it).  The full run takes minutes
-(seven zoo models, 64 prompts per task), so it is a slow test; the default suite checks that the block states
+(eight zoo models, 32 prompts per task), so it is a slow test; the default suite checks that the block states
 the demo's own defaults (prompt count and seed), so that it cannot silently describe another configuration.
 """
 

@@ -131,7 +131,7 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
                    help="comma list of zoo names or model directories, e.g. llama-kvmc,mamba2-ga (default: every "
                         f"shipped zoo model but {', '.join(DEMO_SKIP)})")
     p.add_argument("--n", type=int_in_range("--n", 8, 64), default=32,
-                   help="prompts per task (8 to 64; 32 keeps the seven-model demo within its 120 s budget)")
+                   help="prompts per task (8 to 64; 32 keeps the eight-model demo within its 120 s budget)")
     p.add_argument("--seed", type=int_in_range("--seed", 0), default=0, help="seed of the prompts")
     p.add_argument("--fast", action="store_true", help="24 prompts per task (smoke tests)")
     p.add_argument("--scan-task", choices=["auto", "letter-mc", "kv"], default="auto",

@@ -18,7 +18,7 @@ def list_zoo() -> dict[str, Path]:
 
 
 #: shipped models the default demo leaves out (``gather-aggregate demo --model NAME`` runs them): ``mamba1-ga``
-#: retrieves weakly (KV 0.21 at 12 pairs) and would take the demo past its 120 s budget (about 20 s more)
+#: retrieves weakly (KV 0.21 at 12 pairs); the Mamba-1 that retrieves, ``mamba1-kv``, is in the demo
 DEMO_SKIP = ("mamba1-ga",)
 
 
