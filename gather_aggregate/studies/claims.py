@@ -276,10 +276,10 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     for task in RETRIEVAL:
         by = {m: res[m]["by_task"][task] for m in names}
         out += ["", f"### Heads, scanned and detected on {task}", "",
-                f"**The G&A detector on {task}** (`find_ga_heads`, the chance-relative rule of `detect_rules.py`): "
+                f"**The G&A detector on {task}** (`find_ga_heads`, the chance-relative rule of `gather_aggregate.detect.rules`): "
                 "each named head with its evidence (`alone`: its role's group is that one head; `joint`: one of a "
                 "group named together), `conv L<i>` where an SSM layer's short convolution is the Gather "
-                "(`detect_conv.py`; its loss with the lagged taps removed at the read positions vs the median at other "
+                "(`gather_aggregate.detect.conv_gather`; its loss with the lagged taps removed at the read positions vs the median at other "
                 "segment tokens), where segments were read, each role's group loss as a share of the retrieval "
                 "margin (1 = chance), and the G→A pairs", ""]
         out.append(_md_table(["model", "Gather", "Aggregate heads", "read by", "group loss", "G→A pairs"],
