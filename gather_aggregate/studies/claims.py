@@ -276,12 +276,12 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
     for task in RETRIEVAL:
         by = {m: res[m]["by_task"][task] for m in names}
         out += ["", f"### Heads, scanned and detected on {task}", "",
-                f"**The G&A detector on {task}** (`find_ga_heads`, the chance-relative rule of `gather_aggregate.detect.rules`): "
-                "each named head with its evidence (`alone`: its role's group is that one head; `joint`: one of a "
-                "group named together), `conv L<i>` where an SSM layer's short convolution is the Gather "
-                "(`gather_aggregate.detect.conv_gather`; its loss with the lagged taps removed at the read positions vs the median at other "
-                "segment tokens), where segments were read, each role's group loss as a share of the retrieval "
-                "margin (1 = chance), and the G→A pairs", ""]
+                f"**The G&A detector on {task}** (`find_ga_heads`, the chance-relative rule of "
+                "`gather_aggregate.detect.rules`): each named head with its evidence (`alone`: its role's group is "
+                "that one head; `joint`: one of a group named together), `conv L<i>` where an SSM layer's short "
+                "convolution is the Gather (`gather_aggregate.detect.conv_gather`; its loss with the lagged taps "
+                "removed at the read positions vs the median at other segment tokens), where segments were read, "
+                "each role's group loss as a share of the retrieval margin (1 = chance), and the G→A pairs", ""]
         out.append(_md_table(["model", "Gather", "Aggregate heads", "read by", "group loss", "G→A pairs"],
                              [[m, *_named_heads(by[m])] for m in names if "evidence" in by[m]]))
         out += ["", f"**The flagged heads that hurt {task} most (claim b)**, next to as many random other heads "
