@@ -281,17 +281,22 @@ def test_b_weaker_ssm_named_heads_hit_retrieval_far_harder_than_knowledge(measur
     assert abs(best["delta_knowledge"]) * 4 <= kv_drop and abs(best["delta_content-mc"]) * 4 <= kv_drop, best
 
 
+def _conv_gather_with_an_ssm_aggregate_group(an: dict, layer: int) -> None:
+    """The detector's result on a KV analysis: ``layer``'s short conv is the Gather (its loss beats the median at
+    other line tokens by >= 1 of the margin), no Gather head, and an Aggregate group of >= 2 heads of that layer."""
+    conv = {c["layer"]: c for c in an["conv"]}
+    assert an["gather_conv"] == [layer] and an["gather"] == [], (an["gather"], an["conv"])
+    assert conv[layer]["loss"] - conv[layer]["random_median"] >= 1.0, conv[layer]
+    assert len(an["aggregate"]) >= 2 and all(a[0] == layer for a in an["aggregate"]), an["aggregate"]
+
+
 def test_detector_names_the_ssms_short_convolution_as_its_gather_on_kv(measured):
     """In Mamba-2 no head gathers: the short convolution of the layer whose heads aggregate (layer 0 in
     ``mamba2-ga``, whose 4-token window reaches from a line's ``\\n`` back to its key) is the Gather.  The detector
     names that conv (its lagged taps removed at the lines' read positions cost far more of the margin than at other
     line tokens) and, in the same layer, an Aggregate group of SSM heads; no Gather head.  (96 prompts: conv L0 1.69
     of the margin against 0.00; Aggregate L0H1, L0H0, L0H6, L0H4, L0H3, group loss 1.17; docs/results.md.)"""
-    an = measured["mamba2-ga"]["by_task"]["kv"]
-    conv = {c["layer"]: c for c in an["conv"]}
-    assert an["gather_conv"] == [0] and an["gather"] == [], (an["gather"], an["conv"])
-    assert conv[0]["loss"] - conv[0]["random_median"] >= 1.0, conv[0]
-    assert len(an["aggregate"]) >= 2 and all(a[0] == 0 for a in an["aggregate"]), an["aggregate"]
+    _conv_gather_with_an_ssm_aggregate_group(measured["mamba2-ga"]["by_task"]["kv"], layer=0)
 
 
 @slow_models
@@ -490,11 +495,7 @@ def test_detector_names_mamba1s_conv_gather_and_its_ssm_aggregate_group_on_kv(me
     The detector names layer 1's conv (its lagged taps removed at the lines' read positions cost 1.79 of the margin
     against a median of 0.16 at other line tokens) and, in the same layer, an Aggregate group of SSM channel groups
     (7 of 8, group loss 1.21; 48 prompts; docs/results.md)."""
-    an = measured["mamba1-kv"]["by_task"]["kv"]
-    conv = {c["layer"]: c for c in an["conv"]}
-    assert an["gather_conv"] == [1] and an["gather"] == [], (an["gather"], an["conv"])
-    assert conv[1]["loss"] - conv[1]["random_median"] >= 1.0, conv[1]
-    assert len(an["aggregate"]) >= 2 and all(a[0] == 1 for a in an["aggregate"]), an["aggregate"]
+    _conv_gather_with_an_ssm_aggregate_group(measured["mamba1-kv"]["by_task"]["kv"], layer=1)
 
 
 @needs_mamba1_kv

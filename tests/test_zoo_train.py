@@ -273,15 +273,24 @@ def test_stop_after_ends_a_run_early_on_the_long_runs_learning_rate_schedule(tmp
     assert log[-1]["lr"] == pytest.approx(lr_at(2, cfg)) and log[-1]["lr"] > 0.99 * cfg.lr  # top of the schedule
 
 
+def _two_step_model(out, arch):
+    """The smoke options of a 2-step run and the model that run writes to ``out`` (a checkpoint to warm-start)."""
+    from transformers import AutoModelForCausalLM
+
+    from gather_aggregate.training.train import main
+
+    base = ["--steps", "2", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "2",
+            "--eval-n", "4", "--kv-max", "4", *SMOKE[arch]]
+    assert main(["--arch", arch, "--out", str(out), *base]) == 0
+    return base, AutoModelForCausalLM.from_pretrained(out)
+
+
 def test_grow_to_appends_layers_that_start_as_the_identity(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from gather_aggregate.training.train import TrainConfig, load_init, main
 
-    base = ["--steps", "2", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "2",
-            "--eval-n", "4", "--kv-max", "4", *SMOKE["llama"]]
-    assert main(["--arch", "llama", "--out", str(tmp_path / "a"), *base]) == 0
-    small = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    base, small = _two_step_model(tmp_path / "a", "llama")
     grown = load_init(TrainConfig(arch="llama", out=str(tmp_path / "b"), init=str(tmp_path / "a"), grow_to=4),
                       small.config.vocab_size)
     assert len(grown.model.layers) == grown.config.num_hidden_layers == 4
@@ -307,10 +316,7 @@ def test_grow_state_widens_a_mamba1_state_keeping_its_function_and_the_new_dims_
     from gather_aggregate.core.errors import InputError
     from gather_aggregate.training.train import TrainConfig, load_init, main, train_step
 
-    base = ["--steps", "2", "--threads", "1", "--batch-size", "4", "--bucket", "1", "--eval-every", "2",
-            "--eval-n", "4", "--kv-max", "4", *SMOKE["mamba1"]]
-    assert main(["--arch", "mamba1", "--out", str(tmp_path / "a"), *base]) == 0
-    small = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    base, small = _two_step_model(tmp_path / "a", "mamba1")
     grown = load_init(TrainConfig(arch="mamba1", out=str(tmp_path / "b"), init=str(tmp_path / "a"), grow_state=9),
                       small.config.vocab_size)
     mixer = grown.backbone.layers[0].mixer
