@@ -90,8 +90,10 @@ def segment_views(model: HookedModel, example: Any, g: Mapping[str, Any], table:
     # Aggregate: the query row over the whole prompt
     (al, ah), a_named = _pick(g, table, "aggregate")
     q_row = _row_over_keys(model, tok, al, ah, example.query_pos)[0]  # [key]
-    agg_w = row_shares(q_row)
-    seg_mass = [sum(agg_w[s.start:s.end]) for s in segs]
+    agg_w = row_shares(q_row)  # signed where the row is (drawn as is)
+    # what each segment gets of the row's |mass|, as the detector reads a row (a signed SSM row's negative terms
+    # are weight on a token too, not a deficit that cancels the positive ones)
+    seg_mass = [sum(abs(w) for w in agg_w[s.start:s.end]) for s in segs]
     best = max(range(len(segs)), key=lambda i: seg_mass[i])
     c = example.correct
     if c >= 0 and best == c:
