@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gather_aggregate.adapters import load_ssm
-from gather_aggregate.detect.pattern_evidence import _slot_base
+from gather_aggregate.detect.pattern_evidence import _slot_stats
 from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
 from gather_aggregate.testing.tiny_ssm import tiny_hf_ssm
 
@@ -70,7 +70,7 @@ def test_a_head_fixed_on_a_slot_has_selectivity_one_whatever_its_hit_rate():
     prompts, a hit rate of 0.5), but gives that slot as much when it is wrong: selectivity 1."""
     correct = [4, 4, 4, 4, 0, 1, 2, 3]
     on, corr, wrong = _slot_rows([[0.0, 0.0, 0.0, 0.0, 1.0]] * 8, correct, 5)
-    base = float(_slot_base([(on, corr, wrong)])[0])
+    base = float(_slot_stats([(on, corr, wrong)])[0])
     on_correct = float(on[torch.arange(8), 0, corr].mean())
     assert on_correct == pytest.approx(0.5)
     assert on_correct / base == pytest.approx(1.0)
@@ -89,7 +89,7 @@ def test_a_smooth_row_that_favours_the_correct_segment_is_selective():
         rows.append(r.tolist())
         correct.append(c)
     on, corr, wrong = _slot_rows(rows, correct, 5)
-    base = float(_slot_base([(on, corr, wrong)])[0])
+    base = float(_slot_stats([(on, corr, wrong)])[0])
     on_correct = float(on[torch.arange(10), 0, corr].mean())
     best_wrong = float(on[..., 0, :].masked_fill(~wrong, -1).max(-1).values.mean())
     assert on_correct < 2 * best_wrong  # the previous contrast would reject it
@@ -112,9 +112,9 @@ def test_the_rank_at_the_slot_sees_past_a_decay_towards_the_query():
     raw_first = float((on[torch.arange(10), 0, corr] > on[..., 0, :].masked_fill(~wrong, -1).max(-1).values)
                       .float().mean())
     assert raw_first == pytest.approx(0.2)
-    assert float(_slot_base([(on, corr, wrong)])[1][0]) == 1.0
+    assert float(_slot_stats([(on, corr, wrong)])[1][0]) == 1.0
     fixed = _slot_rows([[0.0, 0.0, 0.0, 0.0, 1.0]] * 10, correct, 5)
-    assert float(_slot_base([fixed])[1][0]) == pytest.approx(0.2)
+    assert float(_slot_stats([fixed])[1][0]) == pytest.approx(0.2)
 
 
 def test_the_conv_of_the_records_ssm_is_its_gather():

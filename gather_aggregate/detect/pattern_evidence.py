@@ -241,7 +241,7 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
             for name, v in acc.items():
                 sums[(info.index, name)] = sums.get((info.index, name), 0) + v
     sums = {k: v.cpu() for k, v in sums.items()}  # one copy per sum, not a GPU sync per head below
-    slot_stats = {layer: _slot_base(data) for layer, data in slots.items()}
+    slot_stats = {layer: _slot_stats(data) for layer, data in slots.items()}
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for info in model.layers:
         for h in range(info.n_heads):
@@ -258,15 +258,15 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                               ("aggregate_uniform", "aggregate_uniform"), ("aggregate_hit", "aggregate_beats_wrong")):
                 row[col] = float(sums[(info.index, name)][h]) / n
             row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
-            row["aggregate_slot_base"] = float(slot_stats[info.index][0][h])
-            row["aggregate_slot_first"] = float(slot_stats[info.index][1][h])
+            base, first = slot_stats[info.index]
+            row["aggregate_slot_base"], row["aggregate_slot_first"] = float(base[h]), float(first[h])
             row["aggregate_selectivity"] = row["aggregate_on_correct"] / max(row["aggregate_slot_base"], 1e-12)
             row["read_profile"] = {read: float(sums[(info.index, f"profile:{read}")][h]) / n for read in profile}
             out[(info.index, h)] = row
     return {"heads": out, "reads": list(reads)}
 
 
-def _slot_base(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     """Per head ``[h]``: the mean over prompts of what the query row gives the correct segment's slot in the
     prompts where that slot holds a wrong segment (``aggregate_slot_base``), and the share of prompts whose correct
     segment over its slot's base beats every wrong one over its own (``aggregate_slot_first``).  ``data`` holds per
@@ -282,13 +282,13 @@ def _slot_base(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tenso
     per_slot = (on * wrong[:, None]).sum(0) / wrong.sum(0).clamp_min(1)  # [h, seg]
     seen = wrong.sum(0) > 0  # [seg]
     own_mean = (on * wrong[:, None]).sum(-1) / wrong.sum(-1, keepdim=True).clamp_min(1)  # [B, h]
-    base = torch.where(seen[corr][:, None], per_slot[:, corr].T, own_mean)  # [B, h]
+    slot_b = torch.where(seen[None, None], per_slot[None], own_mean[..., None])  # [B, h, seg]: each slot's base
+    at_corr = corr[:, None, None].expand(-1, on.shape[1], 1)
+    base = slot_b.gather(2, at_corr)[..., 0]  # [B, h]: the correct slot's base
     # each segment's share over its slot's base: the rank with the position held fixed
-    slot_b = torch.where(seen[None, None], per_slot[None], own_mean[..., None])  # [B, h, seg]
     norm = on / slot_b.clamp_min(1e-12)
-    n_corr = norm.gather(2, corr[:, None, None].expand(-1, norm.shape[1], 1))[..., 0]  # [B, h]
     n_wrong = norm.masked_fill(wrong[:, None] == 0, -1.0).max(-1).values
-    return base.mean(0), (n_corr > n_wrong).float().mean(0)
+    return base.mean(0), (norm.gather(2, at_corr)[..., 0] > n_wrong).float().mean(0)
 
 
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
