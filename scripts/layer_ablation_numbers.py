@@ -1,0 +1,120 @@
+"""Whole-layer and whole-group ablations behind the Mamba-1 paragraphs of ``docs/results_fixtures.md`` and
+``docs/results.md``: where a role spread over a layer's channel groups acts, which no single-head test shows.
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/layer_ablation_numbers.py layers tests/fixtures/models/notes-falconmamba
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/layer_ablation_numbers.py group mamba1-kv L1H6,L1H3,L1H1,L1H5,L1H7,L1H4,L1H2
+
+``layers FIXTURE``: per layer, (1) every head zeroed at one token of each entry, the read position ``summary``,
+``last-1`` or ``last-2``, as a share of the retrieval margin (:class:`~gather_aggregate.detect.causal_evidence.Prober`,
+32 prompts, seed 0), against the median of 5 draws of one other token of each entry before it (the conv test's
+baseline, :func:`~gather_aggregate.detect.conv_gather.conv_positions`); (2) every head zeroed at the entries'
+tokens and at the query; (3) first-token accuracy on 64 prompts with the whole layer zeroed at every position.
+
+``group MODEL HEADS``: accuracy on the zoo's four tasks (48 prompts, seed 0) with ``HEADS`` zero-ablated at every
+position, against 3 random sets of as many other heads (seed 0), and with each whole layer removed.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def _zero_layer_at(model: Any, layer: int, read: str, seed: int | None) -> Any:
+    """Hooks per batch: every head of ``layer`` zeroed at one token of each entry (the read position, or with
+    ``seed`` one other token before it)."""
+    from gather_aggregate.detect.conv_gather import conv_positions
+
+    name, _ = model.head_hook(layer)  # [batch, pos, ...]: zeroed per position, every head
+
+    def make(b: Any) -> list:
+        where = conv_positions(b, read, seed=seed)
+
+        def hook(z: Any, hook: Any) -> Any:
+            keep = (~where[:, : z.shape[1]]).to(z.dtype)  # [batch, pos]
+            shape = [1] * z.dim()
+            shape[0], shape[1] = keep.shape
+            return z * keep.view(shape)
+
+        return [(name, hook)]
+
+    return make
+
+
+def layers(d: Path) -> None:
+    from fixture_tasks import fixture_task  # tests/fixtures
+    from test_detect_fixtures import first_token_accuracy  # tests
+
+    from gather_aggregate import load_model
+    from gather_aggregate.detect.causal_evidence import Prober
+    from gather_aggregate.interventions.ablation import ablation_hooks, make_replacement
+
+    model = load_model(d)
+    prober = Prober(model, fixture_task(d).examples(model.tokenizer, n=32, seed=0))
+    ex64 = fixture_task(d).examples(model.tokenizer, n=64, seed=0)
+    for info in model.layers:
+        la, heads = info.index, [(info.index, h) for h in range(info.n_heads)]
+        for read in ("summary", "last-1", "last-2"):
+            at = prober.loss_with(_zero_layer_at(model, la, read, None))
+            other = statistics.median(prober.loss_with(_zero_layer_at(model, la, read, k)) for k in range(5))
+            print(f"{d.name} layer {la} zeroed at {read}: {at:.2f} of the margin; at another entry token "
+                  f"(median of 5): {other:.2f}")
+        print(f"{d.name} layer {la} zeroed at the entries: {prober.loss(heads, 'segments'):.2f}; at the query: "
+              f"{prober.loss(heads, 'query'):.2f}; alone at the entries, per head: "
+              f"{[round(prober.loss([hd], 'segments'), 2) for hd in heads]}")
+        acc = first_token_accuracy(model, ex64, ablation_hooks(model, heads, make_replacement(model, heads, "zero")))
+        print(f"{d.name} layer {la} zeroed everywhere: first-token accuracy {acc:.3f} on 64 prompts")
+
+
+def group(name: str, spec: str) -> None:
+    from gather_aggregate.lm_eval.spec import parse_heads
+    from gather_aggregate.models.loading import load_model
+    from gather_aggregate.studies.claims import ablated_accuracies, accuracies, task_sets
+    from gather_aggregate.zoo import resolve_model_path
+
+    d = Path(resolve_model_path(name))
+    model = load_model(d)
+    heads = model.check_head_set(parse_heads(spec, "HEADS"))
+    sets = task_sets(model, d, 48, 0)
+    print("clean", accuracies(model, sets))
+    print("named", heads, ablated_accuracies(model, heads, sets))
+    pool = [hd for hd in model.all_heads() if hd not in heads]
+    rng = random.Random(0)
+    for _ in range(3):
+        s = rng.sample(pool, min(len(heads), len(pool)))
+        print("random", s, ablated_accuracies(model, s, sets))
+    for info in model.layers:
+        print(f"layer {info.index}", ablated_accuracies(model, [(info.index, h) for h in range(info.n_heads)], sets))
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="whole-layer and whole-group ablations (module docstring)")
+    sub = p.add_subparsers(dest="what", required=True)
+    sub.add_parser("layers", help="per layer of a fixture: zeroed at each read position vs other entry tokens"
+                   ).add_argument("fixture", type=Path)
+    g = sub.add_parser("group", help="a zoo model's four tasks with a head group zeroed vs random sets")
+    g.add_argument("model", help="zoo name or model directory")
+    g.add_argument("heads", help="comma list, e.g. L1H6,L1H3")
+    a = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    if a.what == "layers":
+        layers(a.fixture)
+    else:
+        group(a.model, a.heads)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
