@@ -290,27 +290,59 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
 N_RANDOM = 10
 
 
-def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Sequence[Head], kinds: dict[Head, str],
-                  seed: int = 0) -> tuple[list[float], bool]:
-    """Losses of ``N_RANDOM`` random head sets with as many heads of each kind as ``group``, drawn from ``pool``
-    (the heads outside the group), ablated at the same positions; and whether the kinds could be matched.  Where
-    the group holds (nearly) every head of a kind (all four attention heads of a hybrid), the draw takes as many
-    heads of any kind; where the pool holds fewer heads than the group, as many as it has."""
-    if not group:
-        return [], True
-    rng = random.Random(seed)
+#: the sources random sets are drawn from, in order of preference (:func:`random_sets`)
+RANDOM_SOURCES = ("outside the group, kinds matched", "outside the group, any kind",
+                  "all heads, kinds matched", "all heads, any kind")
+
+
+def random_sets(group: Sequence[Head], pool: Sequence[Head], kinds: dict[Head, str], n: int = N_RANDOM,
+                seed: int = 0) -> tuple[list[list[Head]], str]:
+    """``n`` random head sets as large as ``group``, and the source they were drawn from (one of
+    :data:`RANDOM_SOURCES`).
+
+    A baseline is a distribution only if its draws differ: a set drawn from a source that holds at least twice as
+    many heads shares, on average, at most half its heads with another draw (two random ``k``-subsets of ``m``
+    share ``k / m`` of their heads).  So the first source that holds at least twice the group's heads (of each
+    kind, where kinds are matched) is used:
+
+    1. ``pool`` (the heads outside the group), as many heads of each kind as the group has;
+    2. ``pool``, heads of any kind (a hybrid whose group holds every attention head);
+    3. ``group`` and ``pool`` together, kinds matched: a permutation baseline, asking whether this set matters
+       more than a random set of as many heads of the model (a group that fills one layer of a two-layer model,
+       whose only same-size set outside it is the other layer);
+    4. ``group`` and ``pool``, any kind; also where no source is that large.
+    """
+    if not group or all(hd in group for hd in pool):  # no other head: no baseline
+        return [], RANDOM_SOURCES[0]
     need: dict[str, int] = {}
     for hd in group:
         need[kinds[hd]] = need.get(kinds[hd], 0) + 1
-    by_kind = {k: [hd for hd in pool if kinds[hd] == k] for k in need}
-    matched = all(len(by_kind[k]) >= n for k, n in need.items())
-    picks = []
-    for _ in range(N_RANDOM):
+    everyone = list(group) + [hd for hd in pool if hd not in group]
+    chosen = (list(everyone), RANDOM_SOURCES[3], False)
+    for source, heads, matched in ((RANDOM_SOURCES[0], list(pool), True), (RANDOM_SOURCES[1], list(pool), False),
+                                   (RANDOM_SOURCES[2], everyone, True)):
         if matched:
-            picks.append([hd for k, n in need.items() for hd in rng.sample(by_kind[k], n)])
+            large = all(sum(kinds[hd] == k for hd in heads) >= 2 * c for k, c in need.items())
         else:
-            picks.append(rng.sample(list(pool), min(len(group), len(pool))))
-    return prober.losses([(p, where) for p in picks]), matched
+            large = len(heads) >= 2 * len(group)
+        if large:
+            chosen = (heads, source, matched)
+            break
+    heads, source, matched = chosen
+    rng = random.Random(seed)
+    if matched:
+        by_kind = {k: [hd for hd in heads if kinds[hd] == k] for k in need}
+        return [[hd for k, c in need.items() for hd in rng.sample(by_kind[k], c)] for _ in range(n)], source
+    return [rng.sample(heads, min(len(group), len(heads))) for _ in range(n)], source
+
+
+def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Sequence[Head], kinds: dict[Head, str],
+                  seed: int = 0) -> tuple[list[float], str]:
+    """Losses of ``N_RANDOM`` random head sets as large as ``group`` (:func:`random_sets`: from ``pool``, the
+    heads outside the group, with as many heads of each kind where the pool is large enough), ablated at the
+    same positions; and the source they were drawn from."""
+    picks, source = random_sets(group, pool, kinds, seed=seed)
+    return (prober.losses([(p, where) for p in picks]) if picks else []), source
 
 
 def path_losses(prober: Prober, senders: Sequence[Head], receivers: Sequence[Head]) -> tuple[float, dict]:

@@ -17,10 +17,14 @@ For each role (Gather, Aggregate):
    a time while some head, restored alone, gives back less than ``KEEP_MIN`` (0.05) of the retrieval margin.  A
    lone head, two redundant heads and four redundant heads come out of the same rule.
 3. **Named or not**: the group is named when its loss beats the median of ``N_RANDOM`` random head sets of the
-   same size and kinds (outside the group, ablated at the same positions) by at least ``NAME_MIN`` (0.25) of the
-   retrieval margin: removing it takes away a quarter of what the model retrieves above chance more than removing
-   as many ordinary heads does.  Heads that alone cost ``NAME_MIN`` where the role acts are left out of the random
-   pool (they are reported): a head that moves the query key is not an ordinary head.
+   same size and kinds (ablated at the same positions) by at least ``NAME_MIN`` (0.25) of the retrieval margin:
+   removing it takes away a quarter of what the model retrieves above chance more than removing as many ordinary
+   heads does.  The sets are drawn from the heads outside the group where those are at least twice as many (per
+   kind), so that the draws differ; else from the whole model, the group included
+   (:func:`gather_aggregate.detect.causal_evidence.random_sets`): a group that fills one layer of a two-layer model
+   is compared with random halves of the model, not with the other layer alone.  Heads that alone cost
+   ``NAME_MIN`` where the role acts are left out of the random draws (they are reported): a head that moves the
+   query key is not an ordinary head.
 
 **A short convolution as the Gather** (:mod:`gather_aggregate.detect.conv_gather`): in every SSM layer with a short
 conv, keeping only the conv's current-token tap at the segments' read positions is compared with the same at as
@@ -46,6 +50,7 @@ from gather_aggregate.core.protocol import Head, HookedModel
 from gather_aggregate.detect.causal_evidence import (
     KEEP_MIN,
     N_RANDOM,
+    RANDOM_SOURCES,
     Prober,
     path_losses,
     peel,
@@ -140,16 +145,17 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
         big = [hd for hd in heads if hd not in g["group"] and heads[hd][f"{role}_alone"] >= NAME_MIN]
         g["excluded_from_random"] = [list(h) for h in big]
         pool = [hd for hd in heads if hd not in g["group"] and hd not in big]
-        rand, matched = random_losses(prober, g["group"], g["where"], pool, kinds, seed=seed)
+        rand, source = random_losses(prober, g["group"], g["where"], pool, kinds, seed=seed)
         med = statistics.median(rand) if rand else 0.0
-        g["random"], g["random_kinds_matched"] = rand, matched
+        g["random"], g["random_from"] = rand, source
         g["random_median"] = med
         g["named"] = bool(g["group"]) and bool(rand) and g["loss"] - med >= NAME_MIN
         if g["group"] and not rand:
             g["why"] = "no other head to draw a random baseline from"
         elif g["group"]:
+            drawn = "" if source == RANDOM_SOURCES[0] else f", sets drawn from {source}"
             g["why"] = (f"group loss {g['loss']:.2f} vs random median {med:.2f} "
-                        f"({'>=' if g['named'] else '<'} {NAME_MIN} above)")
+                        f"({'>=' if g['named'] else '<'} {NAME_MIN} above{drawn})")
         else:
             g["why"] = "no candidate survives peeling" if cands[role] else "no pattern candidate"
         result[role] = list(g["group"]) if g["named"] else []
