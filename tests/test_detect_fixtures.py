@@ -105,18 +105,13 @@ def conv_accuracy(model, ex, layers, read, seed=None) -> float | None:
 
 # Known failures, stated (docs/results.md, "Fresh fixtures"): the detector is not tuned to pass them.
 XFAIL: dict[str, str] = {
-    "arrow-mamba1": "holdout Mamba-1: the Gather is named (layer 1's conv: 64 prompts 0.14 with its lagged taps removed "
-                    "at the ',' vs 0.81 elsewhere) but no Aggregate: layer 1's 8 channel groups all read the correct "
-                    "pair a little (selectivity 2.02-2.13, correct pair first in 0.63-1.00 of the prompts), so all 8 "
-                    "are candidates (issue 42's scale-free gates; 5 passed the old lift gate) and peeling keeps all 8 "
-                    "(loss 1.18 of the margin at the query), but the only random set of 8 other heads is all of "
-                    "layer 0, which costs 1.63 there: not named (docs/results.md)",
     "notes-falconmamba": "Falcon-Mamba: the Aggregate is named (all 8 channel groups of layer 1: first at their slots "
-                         "in 0.88 of the prompts, selectivity 2.34-2.43, group loss 1.19 vs random median 0.42) but no "
-                         "Gather: no layer-0 group's read rows favour their own entry (Gather lift 0.38-0.48), and "
-                         "neither conv carries it alone (loss at the '!' 0.00 and 0.28, vs 0.43 elsewhere, at 'gets' "
-                         "0.25 vs 0.08); the only random set of 8 other heads is all of layer 0, which zeroed at "
-                         "every position also takes accuracy to chance (docs/results_fixtures.md)",
+                         "in 0.88 of the prompts, selectivity 2.34-2.43, group loss 1.19 vs random median 0.42 of "
+                         "8 groups drawn from all 16) but no Gather: no layer-0 group's read rows favour their own "
+                         "entry (Gather lift 0.38-0.48), and neither conv carries it alone (loss at the '!' 0.00 and "
+                         "0.28, vs 0.43 elsewhere, at 'gets' 0.25 vs 0.08); and the only set of 8 heads outside "
+                         "the named ones, all of layer 0, zeroed at every position also takes accuracy to chance "
+                         "(docs/results_fixtures.md)",
 }
 
 
