@@ -119,6 +119,7 @@ def test_a_lone_gather_head_is_named_beside_a_bigger_unrelated_head(tiny):
     assert row[keymover]["role"] == ""
     gr = ga.groups["gather"]
     assert gr["named"] and gr["loss"] - gr["random_median"] >= 0.25 and len(gr["random"]) == 10
+    assert gr["random_from"] == "outside the group, kinds matched" and gr["random_kinds_matched"]
     assert sorted(ga.pairs) == sorted((gg, aa) for gg in g for aa in a)
     assert count_hooks(model) == 0 and param_checksum(model) == before
     for hd in g | a:  # every decision explained

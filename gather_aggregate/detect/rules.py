@@ -148,6 +148,7 @@ def decide(model: HookedModel, examples: Sequence[Any], *, read: str = "auto", m
         rand, source = random_losses(prober, g["group"], g["where"], pool, kinds, seed=seed)
         med = statistics.median(rand) if rand else 0.0
         g["random"], g["random_from"] = rand, source
+        g["random_kinds_matched"] = source.endswith("kinds matched")
         g["random_median"] = med
         g["named"] = bool(g["group"]) and bool(rand) and g["loss"] - med >= NAME_MIN
         if g["group"] and not rand:
