@@ -16,11 +16,7 @@ Aggregate heads, read position).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 
 def raw_rank_candidate(row: dict[str, Any]) -> bool:
@@ -49,33 +45,12 @@ def both_rules(model: Any, examples: list[Any]) -> dict[str, tuple]:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
+    from detector_prompts import detector_prompts  # scripts/
 
-    p = argparse.ArgumentParser(description="the detector's names under the raw and the slot-controlled "
-                                            "Aggregate rank, side by side")
-    p.add_argument("dirs", nargs="*", help="model directories (default: every fixture, then every zoo model)")
-    dirs = [Path(d) for d in p.parse_args(argv).dirs]
-
-    import torch
-    from fixture_tasks import fixture_task  # tests/fixtures
-
-    from gather_aggregate import load_model
-    from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.zoo import list_zoo
-
-    torch.set_num_threads(1)
-    fixture_dir = (ROOT / "tests" / "fixtures" / "models").resolve()
-    fixtures = sorted(p for p in fixture_dir.glob("*") if (p / "model.safetensors").is_file())  # as the test's
-    dirs = dirs or [*fixtures, *list_zoo().values()]
-    for d in dirs:
-        model = load_model(d)
-        if d.resolve().parent == fixture_dir:
-            sets = {"fixture": fixture_task(d).examples(model.tokenizer, n=8, seed=0)}
-        else:  # a zoo model
-            sets = {t: get_task(t, model_dir=d).examples(model.tokenizer, n=96, seed=0) for t in ("kv", "letter-mc")}
-        for task, ex in sets.items():
-            r = both_rules(model, ex)
-            print(d.name, task, "same" if r["raw"] == r["slot"] else "CHANGED", r, flush=True)
+    about = "the detector's names under the raw and the slot-controlled Aggregate rank, side by side"
+    for d, task, model, ex in detector_prompts(argv, about):
+        r = both_rules(model, ex)
+        print(d.name, task, "same" if r["raw"] == r["slot"] else "CHANGED", r, flush=True)
     return 0
 
 

@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import random
 import sys
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 
 def outside_only_sets(group: Any, pool: Any, kinds: dict, n: int = 10, seed: int = 0) -> tuple[list, str]:
@@ -61,38 +57,17 @@ def both_rules(model: Any, examples: list[Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
+    from detector_prompts import detector_prompts  # scripts/
 
-    p = argparse.ArgumentParser(description="the detector's names with the random baseline drawn outside the "
-                                            "group only, and as in use, side by side")
-    p.add_argument("dirs", nargs="*", help="model directories (default: every fixture, then every zoo model)")
-    dirs = [Path(d) for d in p.parse_args(argv).dirs]
-
-    import torch
-    from fixture_tasks import fixture_task  # tests/fixtures
-
-    from gather_aggregate import load_model
-    from gather_aggregate.tasks.registry import get_task
-    from gather_aggregate.zoo import list_zoo
-
-    torch.set_num_threads(1)
-    fixture_dir = (ROOT / "tests" / "fixtures" / "models").resolve()
-    fixtures = sorted(p for p in fixture_dir.glob("*") if (p / "model.safetensors").is_file())  # as the test's
-    dirs = dirs or [*fixtures, *list_zoo().values()]
-    for d in dirs:
-        model = load_model(d)
-        if d.resolve().parent == fixture_dir:
-            sets = {"fixture": fixture_task(d).examples(model.tokenizer, n=8, seed=0)}
-        else:  # a zoo model
-            sets = {t: get_task(t, model_dir=d).examples(model.tokenizer, n=96, seed=0) for t in ("kv", "letter-mc")}
-        for task, ex in sets.items():
-            r = both_rules(model, ex)
-            same = r["outside"]["names"] == r["now"]["names"]
-            print(d.name, task, "same" if same else "CHANGED", {k: v["names"] for k, v in r.items()}, flush=True)
-            for role, (size, loss, med, src) in r["now"]["groups"].items():
-                old = r["outside"]["groups"][role]
-                print(f"    {role}: group of {size}, loss {loss}; random median outside only {old[2]} ({old[3]}), "
-                      f"now {med} ({src})", flush=True)
+    about = "the detector's names with the random baseline drawn outside the group only, and as in use, side by side"
+    for d, task, model, ex in detector_prompts(argv, about):
+        r = both_rules(model, ex)
+        same = r["outside"]["names"] == r["now"]["names"]
+        print(d.name, task, "same" if same else "CHANGED", {k: v["names"] for k, v in r.items()}, flush=True)
+        for role, (size, loss, med, src) in r["now"]["groups"].items():
+            old = r["outside"]["groups"][role]
+            print(f"    {role}: group of {size}, loss {loss}; random median outside only {old[2]} ({old[3]}), "
+                  f"now {med} ({src})", flush=True)
     return 0
 
 
