@@ -12,6 +12,14 @@ tokens and at the query; (3) first-token accuracy on 64 prompts with the whole l
 
 ``group MODEL HEADS``: accuracy on the zoo's four tasks (48 prompts, seed 0) with ``HEADS`` zero-ablated at every
 position, against 3 random sets of as many other heads (seed 0), and with each whole layer removed.
+
+``sets FIXTURE HEADS [--aside HEADS]``: a fixture's first-token accuracy (8 and 64 prompts, seed 0, as
+``tests/test_detect_fixtures.py``) with, zeroed at every position: ``HEADS``; every head outside them; those
+without the ``--aside`` heads (the test's random pool sets aside heads that alone cost 0.25); and, on 64 prompts,
+10 draws of the detector's random sets for ``HEADS`` from every other head
+(:func:`~gather_aggregate.detect.causal_evidence.random_sets`, seed 0).
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/layer_ablation_numbers.py sets tests/fixtures/models/arrow-mamba1 L1H0,L1H1,L1H2,L1H3,L1H4,L1H5,L1H6,L1H7 --aside L0H7
 """
 
 from __future__ import annotations
@@ -94,6 +102,35 @@ def group(name: str, spec: str) -> None:
         print(f"layer {info.index}", ablated_accuracies(model, [(info.index, h) for h in range(info.n_heads)], sets))
 
 
+def sets(d: Path, spec: str, aside: str) -> None:
+    from fixture_tasks import fixture_task  # tests/fixtures
+    from test_detect_fixtures import first_token_accuracy  # tests
+
+    from gather_aggregate import load_model
+    from gather_aggregate.detect.causal_evidence import random_sets
+    from gather_aggregate.interventions.ablation import ablation_hooks, make_replacement
+    from gather_aggregate.lm_eval.spec import parse_heads
+
+    model = load_model(d)
+    heads = model.check_head_set(parse_heads(spec, "HEADS"))
+    put_aside = model.check_head_set(parse_heads(aside, "--aside")) if aside else []
+    ex = {n: fixture_task(d).examples(model.tokenizer, n=n, seed=0) for n in (8, 64)}
+
+    def acc(hs: list, n: int) -> float:
+        return first_token_accuracy(model, ex[n], ablation_hooks(model, hs, make_replacement(model, hs, "zero")))
+
+    outside = [hd for hd in model.all_heads() if hd not in heads]
+    kept = [hd for hd in outside if hd not in put_aside]
+    for label, hs in (("named", heads), ("every head outside", outside), ("outside without --aside", kept)):
+        if hs:
+            print(f"{d.name} {label} ({len(hs)} heads) zeroed everywhere: {acc(hs, 8):.3f} on 8 prompts, "
+                  f"{acc(hs, 64):.3f} on 64")
+    kinds = {hd: model.layers[hd[0]].kind_of(hd[1]) for hd in model.all_heads()}
+    draws, source = random_sets(heads, outside, kinds, seed=0)  # nothing set aside
+    print(f"{d.name} random sets ({source}) zeroed everywhere, 64 prompts:",
+          sorted(round(acc(s, 64), 3) for s in draws))
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -104,6 +141,10 @@ def main(argv: list[str]) -> int:
     g = sub.add_parser("group", help="a zoo model's four tasks with a head group zeroed vs random sets")
     g.add_argument("model", help="zoo name or model directory")
     g.add_argument("heads", help="comma list, e.g. L1H6,L1H3")
+    f = sub.add_parser("sets", help="a fixture with a head set, the heads outside it and random sets zeroed")
+    f.add_argument("fixture", type=Path)
+    f.add_argument("heads", help="comma list, e.g. L1H0,L1H1")
+    f.add_argument("--aside", default="", help="heads left out of the outside set and the random draws")
     a = p.parse_args(argv)
 
     import torch
@@ -111,6 +152,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     if a.what == "layers":
         layers(a.fixture)
+    elif a.what == "sets":
+        sets(a.fixture, a.heads, a.aside)
     else:
         group(a.model, a.heads)
     return 0
