@@ -232,9 +232,11 @@ class CircuitModel(PlantedModel):
 
 
 def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int, keymover: bool,
-                kind: str, distractors: tuple[str, ...] = DISTRACTORS) -> tuple[list[list[str]], list[str], set, set]:
-    """Gather heads in one layer, Aggregate heads in a later one (drawn with ``rng``), the key-mover (if any) in
-    layer 0, distractors everywhere else; ``kind="ssm"`` (``"delta"``) makes the Gather and Aggregate layers SSM
+                kind: str, distractors: tuple[str, ...] = DISTRACTORS, n_keymover: int = 1
+                ) -> tuple[list[list[str]], list[str], set, set]:
+    """Gather heads in one layer, Aggregate heads in a later one (drawn with ``rng``), the key-mover (if any;
+    ``n_keymover`` redundant ones, each enough alone: their outputs add up in ``Q``) in layer 0, distractors
+    everywhere else; ``kind="ssm"`` (``"delta"``) makes the Gather and Aggregate layers SSM
     (delta-rule) layers.
     Returns the roles per layer, the layer kinds, and the true Gather and Aggregate heads."""
     g_layer = rng.randrange(0, depth - 1)
@@ -248,7 +250,7 @@ def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_
             spec[layer][h] = role
         return [(layer, h) for h in picks]
     if keymover:
-        place(0, "keymover", 1)
+        place(0, "keymover", n_keymover)
     gather = place(g_layer, "gather", n_gather)
     agg = place(a_layer, "aggregate", n_agg)
     for layer in spec:
@@ -262,13 +264,15 @@ def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_
 
 
 def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int,
-          keymover: bool, read: str, kind: str = "attn", seed: int = 0) -> tuple[CircuitModel, set, set]:
+          keymover: bool, read: str, kind: str = "attn", seed: int = 0, n_keymover: int = 1
+          ) -> tuple[CircuitModel, set, set]:
     """A planted model: Gather heads in one layer, Aggregate heads in a later one, the key-mover (if any) in layer
     0, distractors everywhere else.  Returns the model and the true Gather and Aggregate heads."""
     import random
 
     spec, kinds, gather, agg = place_roles(random.Random(seed), heads_per_layer=heads_per_layer, depth=depth,
-                                           n_gather=n_gather, n_agg=n_agg, keymover=keymover, kind=kind)
+                                           n_gather=n_gather, n_agg=n_agg, keymover=keymover, kind=kind,
+                                           n_keymover=n_keymover)
     fmt = "mqar" if read == "pair" else "kv"
     model = CircuitModel(tokenizer, spec, kinds, fmt=fmt, read=read, values=values)
     return model, gather, agg

@@ -62,3 +62,30 @@ def test_no_other_head_means_no_baseline():
     kinds = {(0, 0): "attn", (0, 1): "attn"}
     assert random_sets([(0, 0), (0, 1)], [], kinds)[0] == []
     assert random_sets([], [(0, 0)], kinds)[0] == []
+
+
+def test_an_aggregate_that_fills_a_layer_is_named_where_the_other_layer_carries_the_query():
+    """The ``arrow-mamba1`` shape, planted: 2 layers of 4 heads, the Aggregate all of layer 1, layer 0 the Gather
+    and three redundant key-movers (none costs much alone, all of them together carry the query key).  The only
+    4 heads outside the group are layer 0, which costs as much at the query as the group: drawn from outside only,
+    every baseline would be that one set.  Drawn from the whole model, the group is named, and so is the Gather."""
+    from planted_circuit import build
+    from planted_matrix import examples, world
+
+    from gather_aggregate.detect.causal_evidence import Prober
+    from gather_aggregate.detect.detector import find_ga_heads
+
+    w, tok = world()
+    cfg = {"heads_per_layer": 4, "depth": 2, "n_gather": 1, "n_agg": 4, "keymover": True, "read": "delim",
+           "kind": "attn", "seed": 0}
+    model, g, a = build(tok, w.kv_values, n_keymover=3, **cfg)
+    ex = examples(cfg, w, tok)
+    layer0 = [(0, h) for h in range(4)]
+    prober = Prober(model, ex)
+    assert prober.loss(sorted(a), "query") - prober.loss(layer0, "query") < 0.25  # the outside-only baseline fails
+    assert max(prober.loss([hd], "query") for hd in layer0) < 0.25  # no key-mover is set aside alone
+    ga = find_ga_heads(model, ex)
+    gr = ga.groups["aggregate"]
+    assert set(ga.aggregate) == a and set(ga.gather) == g, ga
+    assert gr["random_from"] == RANDOM_SOURCES[2]
+    assert gr["loss"] - gr["random_median"] >= 0.25
