@@ -22,8 +22,9 @@ from typing import Any
 
 
 def outside_only_sets(group: Any, pool: Any, kinds: dict, n: int = 10, seed: int = 0) -> tuple[list, str]:
-    """The earlier draw: from ``pool`` only, kinds matched where it holds as many, else any kind."""
-    if not group or not pool:
+    """The earlier draw: from ``pool`` only, kinds matched where it holds as many, else any kind (from an empty
+    pool, empty sets, which cost nothing)."""
+    if not group:
         return [], "outside"
     rng = random.Random(seed)
     need: dict[str, int] = {}

@@ -87,5 +87,6 @@ def test_an_aggregate_that_fills_a_layer_is_named_where_the_other_layer_carries_
     ga = find_ga_heads(model, ex)
     gr = ga.groups["aggregate"]
     assert set(ga.aggregate) == a and set(ga.gather) == g, ga
+    assert sorted(ga.pairs) == sorted((gg, aa) for gg in g for aa in a)
     assert gr["random_from"] == RANDOM_SOURCES[2]
     assert gr["loss"] - gr["random_median"] >= 0.25
