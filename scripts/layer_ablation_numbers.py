@@ -13,6 +13,12 @@ tokens and at the query; (3) first-token accuracy on 64 prompts with the whole l
 ``group MODEL HEADS``: accuracy on the zoo's four tasks (48 prompts, seed 0) with ``HEADS`` zero-ablated at every
 position, against 3 random sets of as many other heads (seed 0), and with each whole layer removed.
 
+``convs FIXTURE``: per set of short convs (each layer's, then all together), the loss with their lagged taps removed
+(:func:`~gather_aggregate.interventions.ablation.conv_current_tap_hooks`) at one token of each entry, the read
+position ``summary``, ``last-1`` or ``last-2``, against the median of 5 draws of one other token of each entry
+before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at every read position), and at every entry
+token at once (32 prompts, seed 0).
+
 ``sets FIXTURE HEADS [--aside HEADS]``: a fixture's first-token accuracy (8 and 64 prompts, seed 0, as
 ``tests/test_detect_fixtures.py``) with, zeroed at every position: ``HEADS``; every head outside them; those
 without the ``--aside`` heads (the test's random pool sets aside heads that alone cost 0.25); and, on 64 prompts,
@@ -102,6 +108,38 @@ def group(name: str, spec: str) -> None:
         print(f"layer {info.index}", ablated_accuracies(model, [(info.index, h) for h in range(info.n_heads)], sets))
 
 
+def convs(d: Path) -> None:
+    import torch
+    from fixture_tasks import fixture_task  # tests/fixtures
+
+    from gather_aggregate import load_model
+    from gather_aggregate.detect.causal_evidence import Prober
+    from gather_aggregate.detect.conv_gather import conv_positions
+    from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
+
+    model = load_model(d)
+    prober = Prober(model, fixture_task(d).examples(model.tokenizer, n=32, seed=0))
+    layer_sets = [[la] for la in short_conv_layers(model)]
+    layer_sets += [short_conv_layers(model)] if len(layer_sets) > 1 else []
+
+    def removed(layers: list[int], where: Any) -> Any:
+        return lambda b: [h for la in layers for h in conv_current_tap_hooks(model, la, where(b))]
+
+    def every_entry_token(b: Any) -> Any:
+        key = torch.arange(b.tokens.shape[1], device=b.tokens.device)
+        return ((key[None, None] >= b.seg_start[..., None]) & (key[None, None] < b.seg_end[..., None])).any(1)
+
+    for layers in layer_sets:
+        for read in ("summary", "last-1", "last-2"):
+            at = prober.loss_with(removed(layers, lambda b, read=read: conv_positions(b, read, seed=None)))
+            other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: conv_positions(
+                b, read, seed=k))) for k in range(5))
+            print(f"{d.name} convs {layers} lags removed at {read}: {at:.2f} of the margin; at another entry token "
+                  f"(median of 5): {other:.2f}")
+        print(f"{d.name} convs {layers} lags removed at every entry token: "
+              f"{prober.loss_with(removed(layers, every_entry_token)):.2f}")
+
+
 def sets(d: Path, spec: str, aside: str) -> None:
     from fixture_tasks import fixture_task  # tests/fixtures
     from test_detect_fixtures import first_token_accuracy  # tests
@@ -141,6 +179,8 @@ def main(argv: list[str]) -> int:
     g = sub.add_parser("group", help="a zoo model's four tasks with a head group zeroed vs random sets")
     g.add_argument("model", help="zoo name or model directory")
     g.add_argument("heads", help="comma list, e.g. L1H6,L1H3")
+    sub.add_parser("convs", help="per short conv of a fixture: lags removed at each read position vs other entry "
+                   "tokens, and at every entry token").add_argument("fixture", type=Path)
     f = sub.add_parser("sets", help="a fixture with a head set, the heads outside it and random sets zeroed")
     f.add_argument("fixture", type=Path)
     f.add_argument("heads", help="comma list, e.g. L1H0,L1H1")
@@ -152,6 +192,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     if a.what == "layers":
         layers(a.fixture)
+    elif a.what == "convs":
+        convs(a.fixture)
     elif a.what == "sets":
         sets(a.fixture, a.heads, a.aside)
     else:
