@@ -109,11 +109,10 @@ XFAIL: dict[str, str] = {
                          "in 0.88 of the prompts, selectivity 2.34-2.43, group loss 1.19 vs random median 0.42 of "
                          "8 groups drawn from all 16) but no Gather: no layer-0 group's read rows favour their own "
                          "entry (Gather lift 0.38-0.48), and neither conv carries it at one position (loss at the '!' "
-                         "0.00 and 0.28, vs 0.43 elsewhere, at 'gets' 0.21 vs 0.07 on 32 prompts): layer 1's carries it spread "
-                         "over the entries (2.23 with its taps removed at every entry token); and the only set of 8 "
-                         "heads outside "
-                         "the named ones, all of layer 0, zeroed at every position also takes accuracy to chance "
-                         "(docs/results_fixtures.md)",
+                         "0.00 and 0.28, vs 0.43 elsewhere, at 'gets' 0.21 vs 0.07 on 32 prompts): layer 1's "
+                         "carries it spread over the entries (2.23 with its taps removed at every entry token); and "
+                         "the only set of 8 heads outside the named ones, all of layer 0, zeroed at every position "
+                         "also takes accuracy to chance (docs/results_fixtures.md)",
 }
 
 
