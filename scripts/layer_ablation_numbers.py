@@ -16,8 +16,9 @@ position, against 3 random sets of as many other heads (seed 0), and with each w
 ``convs FIXTURE``: per set of short convs (each layer's, then all together), the loss with their lagged taps removed
 (:func:`~gather_aggregate.interventions.ablation.conv_current_tap_hooks`) at one token of each entry, the read
 position ``summary``, ``last-1`` or ``last-2``, against the median of 5 draws of one other token of each entry
-before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at every read position), and at every entry
-token at once (32 prompts, seed 0).
+before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at every read position), at every entry
+token at once, and at every token of the correct entry against those of one wrong entry (median of 3 draws; 32
+prompts, seed 0).  ``convs`` also takes a zoo model's directory (its KV prompts).
 
 ``sets FIXTURE HEADS [--aside HEADS]``: a fixture's first-token accuracy (8 and 64 prompts, seed 0, as
 ``tests/test_detect_fixtures.py``) with, zeroed at every position: ``HEADS``; every head outside them; those
@@ -118,7 +119,13 @@ def convs(d: Path) -> None:
     from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
 
     model = load_model(d)
-    prober = Prober(model, fixture_task(d).examples(model.tokenizer, n=32, seed=0))
+    if (d / "fixture.json").is_file():  # a fixture
+        ex = fixture_task(d).examples(model.tokenizer, n=32, seed=0)
+    else:  # a zoo model
+        from gather_aggregate.tasks.registry import get_task
+
+        ex = get_task("kv", model_dir=d).examples(model.tokenizer, n=32, seed=0)
+    prober = Prober(model, ex)
     layer_sets = [[la] for la in short_conv_layers(model)]
     layer_sets += [short_conv_layers(model)] if len(layer_sets) > 1 else []
 
@@ -129,7 +136,23 @@ def convs(d: Path) -> None:
         key = torch.arange(b.tokens.shape[1], device=b.tokens.device)
         return ((key[None, None] >= b.seg_start[..., None]) & (key[None, None] < b.seg_end[..., None])).any(1)
 
+    def one_entry(which: str, seed: int) -> Any:
+        def where(b: Any) -> Any:
+            rng = random.Random(seed)
+            key = torch.arange(b.tokens.shape[1], device=b.tokens.device)
+            mask = torch.zeros(b.tokens.shape, dtype=torch.bool, device=b.tokens.device)
+            for i in range(b.tokens.shape[0]):
+                c, n = int(b.correct[i]), int(b.seg_mask[i].sum())
+                j = c if which == "correct" else rng.choice([k for k in range(n) if k != c])
+                mask[i] = (key >= b.seg_start[i, j]) & (key < b.seg_end[i, j])
+            return mask
+        return where
+
     for layers in layer_sets:
+        right = prober.loss_with(removed(layers, one_entry("correct", 0)))
+        wrong = statistics.median(prober.loss_with(removed(layers, one_entry("wrong", k))) for k in range(3))
+        print(f"{d.name} convs {layers} lags removed at every token of the correct entry: {right:.2f}; of a wrong "
+              f"entry (median of 3): {wrong:.2f}")
         for read in ("summary", "last-1", "last-2"):
             at = prober.loss_with(removed(layers, lambda b, read=read: conv_positions(b, read, seed=None)))
             other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: conv_positions(
