@@ -318,22 +318,23 @@ def random_sets(group: Sequence[Head], pool: Sequence[Head], kinds: dict[Head, s
     for hd in group:
         need[kinds[hd]] = need.get(kinds[hd], 0) + 1
     everyone = list(group) + [hd for hd in pool if hd not in group]
-    chosen = (list(everyone), RANDOM_SOURCES[3], False)
-    for source, heads, matched in ((RANDOM_SOURCES[0], list(pool), True), (RANDOM_SOURCES[1], list(pool), False),
-                                   (RANDOM_SOURCES[2], everyone, True)):
-        if matched:
-            large = all(sum(kinds[hd] == k for hd in heads) >= 2 * c for k, c in need.items())
-        else:
-            large = len(heads) >= 2 * len(group)
-        if large:
-            chosen = (heads, source, matched)
-            break
-    heads, source, matched = chosen
     rng = random.Random(seed)
-    if matched:
-        by_kind = {k: [hd for hd in heads if kinds[hd] == k] for k in need}
-        return [[hd for k, c in need.items() for hd in rng.sample(by_kind[k], c)] for _ in range(n)], source
-    return [rng.sample(heads, min(len(group), len(heads))) for _ in range(n)], source
+
+    def split_by_kind(heads: Sequence[Head]) -> dict[str, list[Head]] | None:
+        """``heads`` by the group's kinds, or None where some kind holds fewer than twice the group's."""
+        split = {k: [hd for hd in heads if kinds[hd] == k] for k in need}
+        return split if all(len(split[k]) >= 2 * c for k, c in need.items()) else None
+
+    def kinds_matched(split: dict[str, list[Head]]) -> list[list[Head]]:
+        return [[hd for k, c in need.items() for hd in rng.sample(split[k], c)] for _ in range(n)]
+
+    if split := split_by_kind(pool):  # 1.
+        return kinds_matched(split), RANDOM_SOURCES[0]
+    if len(pool) >= 2 * len(group):  # 2.
+        return [rng.sample(list(pool), len(group)) for _ in range(n)], RANDOM_SOURCES[1]
+    if split := split_by_kind(everyone):  # 3.
+        return kinds_matched(split), RANDOM_SOURCES[2]
+    return [rng.sample(everyone, len(group)) for _ in range(n)], RANDOM_SOURCES[3]  # 4.
 
 
 def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Sequence[Head], kinds: dict[Head, str],
