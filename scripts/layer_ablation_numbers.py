@@ -132,9 +132,8 @@ def convs(d: Path) -> None:
     def removed(layers: list[int], where: Any) -> Any:
         return lambda b: [h for la in layers for h in conv_current_tap_hooks(model, la, where(b))]
 
-    def every_entry_token(b: Any) -> Any:
-        key = torch.arange(b.tokens.shape[1], device=b.tokens.device)
-        return ((key[None, None] >= b.seg_start[..., None]) & (key[None, None] < b.seg_end[..., None])).any(1)
+    def every_entry_token(b: Any) -> Any:  # the tokens a Gather ablation zeroes
+        return Prober._masks(b)["segments"]
 
     def one_entry(which: str, seed: int) -> Any:
         def where(b: Any) -> Any:
