@@ -36,6 +36,25 @@ def test_bag_values_are_two_tokens_with_distinct_first_tokens(bag_world):
         assert e.prompt.split("/")[e.correct].split(" has ")[0].split()[-1] == key
 
 
+def test_log_values_sit_past_a_width_4_conv_from_their_keys():
+    """A ``log`` entry is six tokens, its ``.`` the summary, and its value four tokens after its key: no token's
+    width-4 conv window holds both, so a Gather must move the key before a conv can meet the value."""
+    import train_mixers
+    from mixer_formats import MixerRetrieval
+
+    from gather_aggregate.training.vocab import build_tokenizer
+
+    w = train_mixers.format_world(4, "log")
+    tok = build_tokenizer(w)
+    for e in MixerRetrieval(w.kv_keys, w.kv_values, "log").examples(tok, n=4, seed=2):
+        assert len(e.segments) == 8 and all(len(c) == 1 for c in e.candidate_ids)
+        for s in e.segments:
+            words = tok.convert_ids_to_tokens(e.input_ids[s.start:s.end])
+            assert s.end - s.start == 6 and words[1:4] == ["was", "set", "to"] and words[-1] == "."
+            assert s.summary == s.end - 1 and words[0] == s.label and words[4] in w.kv_values
+        assert e.candidates[e.answer] == e.prompt.split(" . ")[e.correct].split()[-1]
+
+
 def test_training_documents_supervise_every_value_token(bag_world):
     import random
 
