@@ -20,6 +20,9 @@ before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at every
 token at once, and at every token of the correct entry against those of one wrong entry (median of 3 draws; 32
 prompts, seed 0).  ``convs`` also takes a zoo model's directory (its KV prompts).
 
+``lags FIXTURE LAYER``: per head of ``LAYER``, at each offset of an entry, its row's share of |mass| over the tokens
+up to it on the last 4 tokens (16 prompts): which heads keep their own token.
+
 ``sets FIXTURE HEADS [--aside HEADS]``: a fixture's first-token accuracy (8 and 64 prompts, seed 0, as
 ``tests/test_detect_fixtures.py``) with, zeroed at every position: ``HEADS``; every head outside them; those
 without the ``--aside`` heads (the test's random pool sets aside heads that alone cost 0.25); and, on 64 prompts,
@@ -191,6 +194,35 @@ def sets(d: Path, spec: str, aside: str) -> None:
           sorted(round(acc(s, 64), 3) for s in draws))
 
 
+def lags(d: Path, layer: int, n_lags: int = 4) -> None:
+    """Per head of ``layer``: at each offset of an entry (0 = its first token), the row's share of its |mass| over
+    the tokens ``[1, t]`` that lies ``0 .. n_lags - 1`` tokens back, averaged over the entries after the first (16
+    prompts, seed 0): a row whose lag 0 holds it all keeps its own token and gathers nothing."""
+    import torch
+    from fixture_tasks import fixture_task
+
+    from gather_aggregate import load_model
+
+    model = load_model(d)
+    ex = fixture_task(d).examples(model.tokenizer, n=16, seed=0)
+    width = min(s.end - s.start for e in ex for s in e.segments)
+    acc, n = None, 0
+    for e in ex:
+        with torch.no_grad():
+            p = model.pattern(torch.tensor([e.input_ids]), layer, normalize=False).float()[0].abs()  # [h, q, k]
+        acc = torch.zeros(p.shape[0], width, n_lags) if acc is None else acc
+        for s in e.segments[1:]:
+            for off in range(width):
+                t = s.start + off
+                row = p[:, t] / p[:, t, 1:t + 1].sum(-1, keepdim=True).clamp_min(1e-30)
+                acc[:, off] += torch.stack([row[:, t - j] for j in range(n_lags)], -1)
+            n += 1
+    assert acc is not None
+    for h, per in enumerate((acc / n).tolist()):
+        print(f"{d.name} L{layer}H{h} |share| on lags 0..{n_lags - 1} at entry offsets 0..{width - 1}: "
+              + "; ".join(" ".join(f"{x:.2f}" for x in o) for o in per))
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -203,6 +235,9 @@ def main(argv: list[str]) -> int:
     g.add_argument("heads", help="comma list, e.g. L1H6,L1H3")
     sub.add_parser("convs", help="per short conv of a fixture: lags removed at each read position vs other entry "
                    "tokens, and at every entry token").add_argument("fixture", type=Path)
+    lg = sub.add_parser("lags", help="per head of a fixture's layer: its rows' |mass| on the last few tokens")
+    lg.add_argument("fixture", type=Path)
+    lg.add_argument("layer", type=int)
     f = sub.add_parser("sets", help="a fixture with a head set, the heads outside it and random sets zeroed")
     f.add_argument("fixture", type=Path)
     f.add_argument("heads", help="comma list, e.g. L1H0,L1H1")
@@ -216,6 +251,8 @@ def main(argv: list[str]) -> int:
         layers(a.fixture)
     elif a.what == "convs":
         convs(a.fixture)
+    elif a.what == "lags":
+        lags(a.fixture, a.layer)
     elif a.what == "sets":
         sets(a.fixture, a.heads, a.aside)
     else:
