@@ -15,10 +15,10 @@ position, against 3 random sets of as many other heads (seed 0), and with each w
 
 ``convs FIXTURE``: per set of short convs (each layer's, then all together), the loss with their lagged taps removed
 (:func:`~gather_aggregate.interventions.ablation.conv_current_tap_hooks`) at one token of each entry, the read
-position ``summary``, ``last-1`` or ``last-2``, against the median of 5 draws of one other token of each entry
-before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at every read position), at every entry
-token at once, and at every token of the correct entry against those of one wrong entry (median of 3 draws; 32
-prompts, seed 0).  ``convs`` also takes a zoo model's directory (its KV prompts).
+position ``summary``, ``last-1``, ``last-2`` or ``first+1`` (the token after the key), against the median of 5
+draws of one other token of each entry before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at
+every read position), at every entry token at once, and at every token of the correct entry against those of one
+wrong entry (median of 3 draws; 32 prompts, seed 0).  ``convs`` also takes a zoo model's directory (its KV prompts).
 
 ``lags FIXTURE LAYER``: per head of ``LAYER``, at each offset of an entry, its row's share of |mass| over the tokens
 up to it on the last 4 tokens (16 prompts): which heads keep their own token.
@@ -79,7 +79,7 @@ def layers(d: Path) -> None:
     ex64 = fixture_task(d).examples(model.tokenizer, n=64, seed=0)
     for info in model.layers:
         la, heads = info.index, [(info.index, h) for h in range(info.n_heads)]
-        for read in ("summary", "last-1", "last-2"):
+        for read in ("summary", "last-1", "last-2", "first+1"):
             at = prober.loss_with(_zero_layer_at(model, la, read, None))
             other = statistics.median(prober.loss_with(_zero_layer_at(model, la, read, k)) for k in range(5))
             print(f"{d.name} layer {la} zeroed at {read}: {at:.2f} of the margin; at another entry token "
@@ -155,7 +155,7 @@ def convs(d: Path) -> None:
         wrong = statistics.median(prober.loss_with(removed(layers, one_entry("wrong", k))) for k in range(3))
         print(f"{d.name} convs {layers} lags removed at every token of the correct entry: {right:.2f}; of a wrong "
               f"entry (median of 3): {wrong:.2f}")
-        for read in ("summary", "last-1", "last-2"):
+        for read in ("summary", "last-1", "last-2", "first+1"):
             at = prober.loss_with(removed(layers, lambda b, read=read: conv_positions(b, read, seed=None)))
             other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: conv_positions(
                 b, read, seed=k))) for k in range(5))
