@@ -1,32 +1,34 @@
-"""Whole-layer and whole-group ablations behind the Mamba-1 paragraphs of ``docs/results_fixtures.md`` and
-``docs/results.md``: where a role spread over a layer's channel groups acts, which no single-head test shows.
+"""Whole-layer, whole-group and conv ablations behind the Mamba-1 and out-of-sample paragraphs of
+``docs/results_fixtures.md`` and ``docs/results.md``: where a role spread over a layer's channel groups, or over
+several steps, acts, which no single-head test shows.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/layer_ablation_numbers.py layers tests/fixtures/models/notes-falconmamba
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/layer_ablation_numbers.py group mamba1-kv L1H6,L1H3,L1H1,L1H5,L1H7,L1H4,L1H2
 
-``layers FIXTURE``: per layer, (1) every head zeroed at one token of each entry, the read position ``summary``,
-``last-1`` or ``last-2``, as a share of the retrieval margin (:class:`~gather_aggregate.detect.causal_evidence.Prober`,
-32 prompts, seed 0), against the median of 5 draws of one other token of each entry before it (the conv test's
-baseline, :func:`~gather_aggregate.detect.conv_gather.conv_positions`); (2) every head zeroed at the entries'
-tokens and at the query; (3) first-token accuracy on 64 prompts with the whole layer zeroed at every position.
+``layers FIXTURE``: per layer, (1) every head zeroed at one token of each entry, one of :data:`POSITIONS` (the
+detector's read positions and the token after the key), as a share of the retrieval margin
+(:class:`~gather_aggregate.detect.causal_evidence.Prober`, 32 prompts, seed 0), against the median of 5 draws of one
+other token of each entry before it (the conv test's baseline,
+:func:`~gather_aggregate.detect.conv_gather.conv_positions`); (2) every head zeroed at the entries' tokens and at the
+query; (3) first-token accuracy on 64 prompts with the whole layer zeroed at every position.
 
 ``group MODEL HEADS``: accuracy on the zoo's four tasks (48 prompts, seed 0) with ``HEADS`` zero-ablated at every
 position, against 3 random sets of as many other heads (seed 0), and with each whole layer removed.
 
 ``convs FIXTURE``: per set of short convs (each layer's, then all together), the loss with their lagged taps removed
-(:func:`~gather_aggregate.interventions.ablation.conv_current_tap_hooks`) at one token of each entry, the read
-position ``summary``, ``last-1``, ``last-2`` or ``first+1`` (the token after the key), against the median of 5
-draws of one other token of each entry before it (the conv test of :mod:`~gather_aggregate.detect.conv_gather` at
-every read position), at every entry token at once, and at every token of the correct entry against those of one
-wrong entry (median of 3 draws; 32 prompts, seed 0).  ``convs`` also takes a zoo model's directory (its KV prompts).
+(:func:`~gather_aggregate.interventions.ablation.conv_current_tap_hooks`) at one token of each entry, one of
+:data:`POSITIONS`, against the median of 5 draws of one other token of each entry before it (the conv test of
+:mod:`~gather_aggregate.detect.conv_gather` at every read position), at every entry token at once, and at every
+token of the correct entry against those of one wrong entry (median of 3 draws; 32 prompts, seed 0).  ``convs``
+also takes a zoo model's directory (its KV prompts).
 
 ``lags FIXTURE LAYER``: per head of ``LAYER``, at each offset of an entry, its row's share of |mass| over the tokens
 up to it on the last 4 tokens (16 prompts): which heads keep their own token.
 
 ``sets FIXTURE HEADS [--aside HEADS]``: a fixture's first-token accuracy (8 and 64 prompts, seed 0, as
-``tests/test_detect_fixtures.py``) with, zeroed at every position: ``HEADS``; every head outside them; those
-without the ``--aside`` heads (the test's random pool sets aside heads that alone cost 0.25); and, on 64 prompts,
-10 draws of the detector's random sets for ``HEADS`` from every other head
+``tests/test_detect_fixtures.py``), clean and with, zeroed at every position: ``HEADS``; every head outside them;
+those without the ``--aside`` heads (the test's random pool sets aside heads that alone cost 0.25); and, on 64
+prompts, 10 draws of the detector's random sets for ``HEADS`` from every other head
 (:func:`~gather_aggregate.detect.causal_evidence.random_sets`, seed 0).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/layer_ablation_numbers.py sets tests/fixtures/models/arrow-mamba1 L1H0,L1H1,L1H2,L1H3,L1H4,L1H5,L1H6,L1H7 --aside L0H7
@@ -43,6 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 sys.path.insert(0, str(ROOT / "tests"))
+
+#: the positions of an entry both ablation modes test: the detector's read positions, and the token after the key
+POSITIONS = ("summary", "last-1", "last-2", "first+1")
 
 
 def _zero_layer_at(model: Any, layer: int, read: str, seed: int | None) -> Any:
@@ -79,7 +84,7 @@ def layers(d: Path) -> None:
     ex64 = fixture_task(d).examples(model.tokenizer, n=64, seed=0)
     for info in model.layers:
         la, heads = info.index, [(info.index, h) for h in range(info.n_heads)]
-        for read in ("summary", "last-1", "last-2", "first+1"):
+        for read in POSITIONS:
             at = prober.loss_with(_zero_layer_at(model, la, read, None))
             other = statistics.median(prober.loss_with(_zero_layer_at(model, la, read, k)) for k in range(5))
             print(f"{d.name} layer {la} zeroed at {read}: {at:.2f} of the margin; at another entry token "
@@ -155,7 +160,7 @@ def convs(d: Path) -> None:
         wrong = statistics.median(prober.loss_with(removed(layers, one_entry("wrong", k))) for k in range(3))
         print(f"{d.name} convs {layers} lags removed at every token of the correct entry: {right:.2f}; of a wrong "
               f"entry (median of 3): {wrong:.2f}")
-        for read in ("summary", "last-1", "last-2", "first+1"):
+        for read in POSITIONS:
             at = prober.loss_with(removed(layers, lambda b, read=read: conv_positions(b, read, seed=None)))
             other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: conv_positions(
                 b, read, seed=k))) for k in range(5))
@@ -180,7 +185,10 @@ def sets(d: Path, spec: str, aside: str) -> None:
     ex = {n: fixture_task(d).examples(model.tokenizer, n=n, seed=0) for n in (8, 64)}
 
     def acc(hs: list, n: int) -> float:
-        return first_token_accuracy(model, ex[n], ablation_hooks(model, hs, make_replacement(model, hs, "zero")))
+        hooks = ablation_hooks(model, hs, make_replacement(model, hs, "zero")) if hs else []
+        return first_token_accuracy(model, ex[n], hooks)
+
+    print(f"{d.name} clean: {acc([], 8):.3f} on 8 prompts, {acc([], 64):.3f} on 64")
 
     outside = [hd for hd in model.all_heads() if hd not in heads]
     kept = [hd for hd in outside if hd not in put_aside]
