@@ -22,6 +22,10 @@ def test_conv_gather_is_listed_beside_the_gather_heads():
     assert gather == "conv L0 (1.69 vs 0.00)"
     assert aggregate == "[0, 1] joint, [0, 0] joint"
     assert read == "summary / segment" and loss == "aggregate 1.23" and pairs == "–"
+    an = _summary(aggregate=[[1, 0]], evidence=[[1, 0, "alone"]], gather_conv=[0],  # named by sufficiency alone
+                  conv=[{"layer": 0, "loss": 0.19, "random_median": float("nan"), "kept_loss": -0.02,
+                         "kept_random_median": 1.79, "by": ["sufficiency"]}])
+    assert _named_heads(an)[0] == "conv L0 (kept only at the read positions -0.02 vs 1.79)"
     an = _summary(gather=[[0, 2]], evidence=[[0, 2, "alone"]], gather_conv=[1])
     assert _named_heads(an)[0] == "[0, 2] alone, conv L1"
 

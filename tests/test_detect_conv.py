@@ -137,6 +137,30 @@ def test_the_conv_of_the_records_ssm_is_its_gather():
     assert ga.summary()["gather_conv"] == [0]
 
 
+def test_a_conv_whose_gather_has_a_backup_is_named_by_sufficiency():
+    """``notes-falconmamba`` (Falcon-Mamba): removing layer 1's conv lags at the read position alone costs little,
+    as much as at another entry token (the same condensing is also done elsewhere in the entry), so the necessity
+    test does not name it; removed at every entry token they take retrieval away, and kept at the read position
+    alone they give it back, which kept at another token does not.  Layer 0's conv, which retrieval needs at several
+    tokens, gives nothing back kept at one, and is not named."""
+    sys.path.insert(0, str(FIXTURES))
+    from fixture_tasks import fixture_task
+
+    from gather_aggregate import load_model
+    from gather_aggregate.detect.conv_gather import conv_evidence
+    from gather_aggregate.detect.detector import find_ga_heads
+
+    d = FIXTURES / "models" / "notes-falconmamba"
+    model = load_model(d)
+    ga = find_ga_heads(model, fixture_task(d).examples(model.tokenizer, n=8, seed=0))
+    rec = {c["layer"]: c for c in ga.conv}
+    assert ga.gather_conv == [1] and rec[1]["by"] == ["sufficiency"], ga.conv
+    assert rec[1]["loss"] - rec[1]["random_median"] < 0.25  # not necessary at the read position alone
+    assert rec[1]["all_loss"] - rec[1]["kept_loss"] >= 0.25 and rec[1]["kept_random_median"] - rec[1]["kept_loss"] >= 0.25
+    assert not rec[0]["named"] and rec[0]["all_loss"] - rec[0]["kept_loss"] < 0.25, rec[0]
+    assert conv_evidence(rec[1]).startswith("kept only at the read positions ")
+
+
 def _family_model(name, tmp_path):
     from gather_aggregate import load_model
     from gather_aggregate.adapters import load_hybrid

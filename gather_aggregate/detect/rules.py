@@ -27,9 +27,12 @@ For each role (Gather, Aggregate):
    query key is not an ordinary head.
 
 **A short convolution as the Gather** (:mod:`gather_aggregate.detect.conv_gather`): in every SSM layer with a short
-conv, keeping only the conv's current-token tap at the segments' read positions is compared with the same at as
-many other segment tokens; the layer's conv is named (``gather_conv``) when it costs ``NAME_MIN`` and beats that
-baseline by ``NAME_MIN``.
+conv, the conv's lagged taps are removed (only its current-token tap kept) at the segments' read positions, and,
+for a conv whose work there has a backup, at every segment token but the read positions.  Each is compared with
+the same at another token of each segment; the layer's conv is named (``gather_conv``) when removing it at the read
+positions costs ``NAME_MIN`` more than at other tokens (necessity), or when keeping it only at the read positions
+gives back ``NAME_MIN`` of what removing it at every segment token costs, and ``NAME_MIN`` more than keeping it
+only at other tokens does (sufficiency).
 
 Then **pairs**: a Gather head and a later Aggregate head are paired when path patching
 (:func:`gather_aggregate.detect.causal_evidence.path_losses`) shows that restoring only the path from the one into the

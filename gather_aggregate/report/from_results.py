@@ -66,6 +66,7 @@ def _scan_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
 
 
 def _detect_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]:
+    from gather_aggregate.detect.conv_gather import conv_evidence
     from gather_aggregate.report.html import Figure, KeyValues, Table
     from gather_aggregate.viz import head_score_heatmaps
 
@@ -89,7 +90,7 @@ def _detect_sections(data: Mapping[str, Any], model: str, rel: str) -> list[Any]
                        "the layer does not have."),
         KeyValues({"Gather heads": named("gather"),
                    "Gather by a short convolution": ", ".join(
-                       f"layer {c['layer']} (loss {_fmt(c['loss'])} vs {_fmt(c['random_median'])} at other tokens)"
+                       f"layer {c['layer']} (loss {conv_evidence(c)} at other tokens)"
                        for c in meta.get("conv", []) if c.get("named")) or "none",
                    "Aggregate heads": named("aggregate"),
                    "G→A pairs": ", ".join(f"{head_name(g)} → {head_name(a)}" for g, a in meta.get("pairs", []))

@@ -239,6 +239,7 @@ def _named_heads(an: Mapping[str, Any]) -> list[str]:
     against the median at other segment tokens), Aggregate heads (each ``[layer, head] evidence``), where segments
     were read, each role's group loss (a share of the retrieval margin) and the pairs; ``– (at chance)`` where the
     model does not retrieve (its margin is under the detector's ``MIN_MARGIN``, so nothing was tested)."""
+    from gather_aggregate.detect.conv_gather import conv_evidence
     from gather_aggregate.detect.rules import MIN_MARGIN
 
     evidence = {(la, h): ev for la, h, ev in an["evidence"]}
@@ -248,8 +249,8 @@ def _named_heads(an: Mapping[str, Any]) -> list[str]:
 
     gather = heads("gather")
     record = {c["layer"]: c for c in an.get("conv", [])}
-    convs = [f"conv L{la}" + (f" ({record[la]['loss']:.2f} vs {record[la]['random_median']:.2f})" if la in record
-                               else "") for la in an.get("gather_conv", [])]
+    convs = [f"conv L{la}" + (f" ({conv_evidence(record[la])})" if la in record else "")
+             for la in an.get("gather_conv", [])]
     if convs:
         gather = ", ".join(([] if gather == "–" else [gather]) + convs)
     joint = ", ".join(f"{role} {d:.2f}" for role, d in an["joint_drop"].items()) or "–"
