@@ -94,7 +94,10 @@ def conv_gather(model: HookedModel, prober: Prober, read: str, name_min: float, 
             return prober.loss_with(lambda b: conv_current_tap_hooks(model, layer, where(b)), start=layer)
 
         def draws(make: Callable[..., Tensor]) -> list[float]:
-            return [loss_at(lambda b, k=k: make(b, read, seed=seed * 1000 + k)) for k in range(N_RANDOM)]
+            def drawn(k: int) -> Callable[[Any], Tensor]:
+                return lambda b: make(b, read, seed=seed * 1000 + k)
+
+            return [loss_at(drawn(k)) for k in range(N_RANDOM)]
 
         rec: dict[str, Any] = {"layer": layer, "loss": loss_at(lambda b: conv_positions(b, read, seed=None)),
                                "random": [], "random_median": float("nan"), "all_loss": loss_at(segment_tokens),
