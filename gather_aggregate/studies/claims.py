@@ -281,7 +281,8 @@ def to_markdown(res: Mapping[str, Mapping[str, Any]]) -> str:
                 "`gather_aggregate.detect.rules`): each named head with its evidence (`alone`: its role's group is "
                 "that one head; `joint`: one of a group named together), `conv L<i>` where an SSM layer's short "
                 "convolution is the Gather (`gather_aggregate.detect.conv_gather`; its loss with the lagged taps "
-                "removed at the read positions vs the median at other segment tokens), where segments were read, "
+                "removed at the read positions vs the median at other segment tokens, or, named by sufficiency, "
+                "kept only at the read positions vs only at other segment tokens), where segments were read, "
                 "each role's group loss as a share of the retrieval margin (1 = chance), and the G→A pairs", ""]
         out.append(_md_table(["model", "Gather", "Aggregate heads", "read by", "group loss", "G→A pairs"],
                              [[m, *_named_heads(by[m])] for m in names if "evidence" in by[m]]))
