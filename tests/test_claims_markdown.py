@@ -33,3 +33,21 @@ def test_conv_gather_is_listed_beside_the_gather_heads():
 def test_a_model_at_chance_reads_as_such():
     assert _named_heads(_summary(margin={"clean": -2.0, "chance": -2.0, "margin": 0.01}))[2] == "– (at chance)"
     assert _named_heads(_summary())[0:3] == ["–", "–", "summary / segment"]  # retrieves, nothing named
+
+
+def test_the_demo_names_a_conv_gather_without_a_gather_head():
+    """The demo's circuit line reads "Gather layer 0's short convolution" where no head gathers (``bamba-ga``), and
+    lists heads and convs together where both are named."""
+    from gather_aggregate.report.demo_story import _circuit_section
+
+    table = [{"layer": 1, "head": 0, "gather_mass": 0.1, "aggregate_on_correct": 0.9},
+             {"layer": 0, "head": 2, "gather_mass": 0.8, "aggregate_on_correct": 0.1}]
+    view = {"aggregate": (1, 0), "finding": "0.90 of the query row on the correct line"}
+    g = {"gather": [], "gather_conv": [0], "aggregate": [[1, 0]], "evidence": [[1, 0, "alone"]], "joint_drop": {},
+         "pairs": []}
+    html = _circuit_section("bamba-ga", g, table, view).html
+    assert "Gather layer 0's short convolution, Aggregate L1H0;" in html
+    g = {**g, "gather": [[0, 2]], "evidence": [[1, 0, "alone"], [0, 2, "alone"]]}
+    assert "Gather L0H2 + layer 0's short convolution, Aggregate L1H0;" in _circuit_section("m", g, table, view).html
+    g = {**g, "gather": [], "gather_conv": []}
+    assert "Gather none, Aggregate L1H0;" in _circuit_section("m", g, table, view).html

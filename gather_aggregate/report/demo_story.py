@@ -123,8 +123,9 @@ def _circuit_section(m: str, g: Mapping[str, Any], table: Sequence[Mapping[str, 
                  "score": float(by[tuple(hd)][key]) if tuple(hd) in by else ""} for hd in g[role]]
 
     joint = ", ".join(f"{role} {d:.2f}" for role, d in g["joint_drop"].items())
-    conv = "".join(f" + layer {la}'s short convolution" for la in g.get("gather_conv", []))
-    text = (f"<p><strong>{m}</strong>: Gather {heads_text(g['gather'])}{conv}, Aggregate {heads_text(g['aggregate'])}; "
+    convs = [f"layer {la}'s short convolution" for la in g.get("gather_conv", [])]
+    gather = " + ".join(([heads_text(g["gather"])] if g["gather"] else []) + convs) or "none"
+    text = (f"<p><strong>{m}</strong>: Gather {gather}, Aggregate {heads_text(g['aggregate'])}; "
             f"on the prompt below the Aggregate head {head_name(view['aggregate'])} puts {view['finding']}."
             + (f" Group loss (share of the retrieval margin): {joint}." if joint else "") + "</p>")
     return Html(text + circuit_diagram(items("gather"), items("aggregate"), [tuple(p) for p in g["pairs"]],
