@@ -26,12 +26,12 @@ one claim, "what the conv does at ``r`` carries the segment":
    keeping ``r``'s lags gives back at least ``NAME_MIN`` of it (``all - kept``), and ``kept`` beats the baseline
    (the lags kept at another segment token instead) by at least ``NAME_MIN`` below its median.  A conv that every
    token of a segment needs (one that only brings each token's predecessor in) fails it: keeping one token's lags
-   gives nothing back.  The second bar guards against a baseline that costs more than ``all`` (a segment whose
-   lags survive at one token only is further from anything the model saw than one with none).
+   gives nothing back.  The bar on ``all - kept`` guards against a baseline that costs more than ``all`` (a
+   segment whose lags survive at one token only is further from anything the model saw than one with none).
 
-The conv is named a Gather when either test holds (``by`` says which).  Both baselines are drawn only for layers
-whose own loss (``loss``, resp. ``all_loss``) reaches ``NAME_MIN`` (one forward per batch otherwise), so a deep
-model pays ``N_RANDOM`` forwards only where a conv matters; each forward restarts at the conv's layer from the
+The conv is named a Gather when either test holds (``by`` says which).  Each baseline is drawn only for layers
+whose own loss (``loss``, resp. ``all_loss``) reaches ``NAME_MIN`` (two forwards per batch otherwise, ``loss`` and
+``all_loss``), so a deep model pays ``N_RANDOM`` forwards per half only where a conv matters; each forward restarts at the conv's layer from the
 clean run's input to it.  A segment with one token before ``r`` gives the same baseline token every time, so the
 draws can coincide; when that token matters itself, e.g. a key read by a key-mover, the necessity baseline is high
 and the conv is not named by it: the test errs towards naming nothing.  It is a Gather *into the read position*, so
