@@ -116,6 +116,13 @@ def conv_accuracy(model, ex, layers, where) -> dict | None:
 
 # Known failures, stated (docs/results.md, "Fresh fixtures"): the detector is not tuned to pass them.
 XFAIL: dict[str, str] = {
+    "bag-falconmamba": "Falcon-Mamba on the bag format, out of sample: nothing is named. Layer 1's 8 channel groups "
+                       "rank the correct entry first at their slots in 0.88 of the prompts, but their selectivity, "
+                       "1.71-1.98 (64 prompts: 1.70-1.87), is under the Aggregate gate of 2, so no head is a "
+                       "candidate and the read position falls back to the summary '/', where no conv acts. Layer 1 "
+                       "zeroed at the query costs 1.54 of the margin (random halves: median 0.77), and at 'last-1' "
+                       "layer 1's conv passes both halves of the conv test (2.03 vs 0.01; kept 0.03 vs 1.94) "
+                       "(docs/results_fixtures.md)",
     "notes-falconmamba": "Falcon-Mamba: both roles are named (the Aggregate: all 8 channel groups of layer 1; the "
                          "Gather: layer 1's conv, by sufficiency) and removing the named groups takes retrieval to "
                          "chance, but the random control cannot pass: the only set of 8 groups outside the named "
