@@ -19,8 +19,9 @@ position, against 3 random sets of as many other heads (seed 0), and with each w
 (:func:`~gather_aggregate.interventions.ablation.conv_current_tap_hooks`) at one token of each entry, one of
 :data:`POSITIONS`, against the median of 5 draws of one other token of each entry before it (the conv test of
 :mod:`~gather_aggregate.detect.conv_gather` at every read position), at every entry token at once, and at every
-token of the correct entry against those of one wrong entry (median of 3 draws; 32 prompts, seed 0).  ``convs``
-also takes a zoo model's directory (its KV prompts).
+token of the correct entry against those of one wrong entry (median of 3 draws; 32 prompts, seed 0); and the
+sufficiency half: the lags kept at that one token of each entry only, removed at the entries' other tokens, against
+kept at another entry token only (median of 5).  ``convs`` also takes a zoo model's directory (its KV prompts).
 
 ``lags FIXTURE LAYER``: per head of ``LAYER``, at each offset of an entry, its row's share of |mass| over the tokens
 up to it on the last 4 tokens (16 prompts): which heads keep their own token.
@@ -123,7 +124,7 @@ def convs(d: Path) -> None:
 
     from gather_aggregate import load_model
     from gather_aggregate.detect.causal_evidence import Prober
-    from gather_aggregate.detect.conv_gather import conv_positions
+    from gather_aggregate.detect.conv_gather import all_but, conv_positions
     from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
 
     model = load_model(d)
@@ -166,6 +167,11 @@ def convs(d: Path) -> None:
                 b, read, seed=k))) for k in range(5))
             print(f"{d.name} convs {layers} lags removed at {read}: {at:.2f} of the margin; at another entry token "
                   f"(median of 5): {other:.2f}")
+            kept = prober.loss_with(removed(layers, lambda b, read=read: all_but(b, read, seed=None)))
+            kept_other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: all_but(
+                b, read, seed=k))) for k in range(5))
+            print(f"{d.name} convs {layers} lags kept at {read} only (removed at the other entry tokens): {kept:.2f}; "
+                  f"kept at another entry token only (median of 5): {kept_other:.2f}")
         print(f"{d.name} convs {layers} lags removed at every entry token: "
               f"{prober.loss_with(removed(layers, every_entry_token)):.2f}")
 
