@@ -120,9 +120,10 @@ XFAIL: dict[str, str] = {
                        "rank the correct entry first at their slots in 0.88 of the prompts, but their selectivity, "
                        "1.71-1.98 (64 prompts: 1.70-1.87), is under the Aggregate gate of 2, so no head is a "
                        "candidate and the read position falls back to the summary '/', where no conv acts. Layer 1 "
-                       "zeroed at the query costs 1.54 of the margin (random halves: median 0.77), and at 'last-1' "
-                       "layer 1's conv passes both halves of the conv test (2.03 vs 0.01; kept 0.03 vs 1.94) "
-                       "(docs/results_fixtures.md)",
+                       "zeroed at the query costs 1.40 of the margin (32 prompts); zeroed everywhere it leaves 0.17 "
+                       "where the detector's random halves leave 0.42-0.69 (64 prompts); and at 'last-1' its conv "
+                       "passes both halves of the conv test (32 prompts: removed there 1.77 vs -0.01, kept there "
+                       "alone -0.02 vs 1.57) (docs/results_fixtures.md)",
     "notes-falconmamba": "Falcon-Mamba: both roles are named (the Aggregate: all 8 channel groups of layer 1; the "
                          "Gather: layer 1's conv, by sufficiency) and removing the named groups takes retrieval to "
                          "chance, but the random control cannot pass: the only set of 8 groups outside the named "

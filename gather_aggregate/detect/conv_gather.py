@@ -29,13 +29,13 @@ one claim, "what the conv does at ``r`` carries the segment":
    gives nothing back.  The bar on ``all - kept`` guards against a baseline that costs more than ``all`` (a
    segment whose lags survive at one token only is further from anything the model saw than one with none).
 
-The conv is named a Gather when either test holds (``by`` says which).  Each baseline is drawn only for layers
-whose own loss (``loss``, resp. ``all_loss``) reaches ``NAME_MIN`` (two forwards per batch otherwise, ``loss`` and
-``all_loss``), so a deep model pays ``N_RANDOM`` forwards per half only where a conv matters; each forward restarts at the conv's layer from the
-clean run's input to it.  A segment with one token before ``r`` gives the same baseline token every time, so the
-draws can coincide; when that token matters itself, e.g. a key read by a key-mover, the necessity baseline is high
-and the conv is not named by it: the test errs towards naming nothing.  It is a Gather *into the read position*, so
-it is only tested at the read position the detector uses (``read``).
+The conv is named a Gather when either test holds (``by`` says which). Each baseline is drawn only for layers whose
+own loss (``loss``, resp. ``all_loss``) reaches ``NAME_MIN`` (two forwards per batch otherwise, ``loss`` and
+``all_loss``), so a deep model pays ``N_RANDOM`` forwards per half only where a conv matters; each forward restarts
+at the conv's layer from the clean run's input to it. A segment with one token before ``r`` gives the same baseline
+token every time, so the draws can coincide; when that token matters itself, e.g. a key read by a key-mover, the
+necessity baseline is high and the conv is not named by it: the test errs towards naming nothing. It is a Gather
+*into the read position*, so it is only tested at the read position the detector uses (``read``).
 """
 
 from __future__ import annotations
