@@ -1,11 +1,13 @@
 """The planted-circuit matrix: the detector against circuits whose Gather and Aggregate heads we placed.
 
-    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity]
+    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --rank-alone]
 
 prints, per configuration, the true and named heads, and the precision / recall of the named heads over the
 whole matrix (the table in ``docs/results.md``).  ``--without-selectivity`` runs the rule with the Aggregate
 candidates' position-controlled contrast left out (hit rate and lift only) and counts the false positives by the
-planted role of the head, which is what the contrast is there for (docs/results.md).  ``tests/test_detect_matrix.py`` runs the same configurations
+planted role of the head, which is what the contrast is there for (docs/results.md).  ``--rank-alone`` keeps only
+the Aggregate gate's rank at the slot and drops its selectivity bar (the variant
+``scripts/aggregate_gate_compare.py`` runs on the fixtures and the zoo; docs/results_fixtures.md).  ``tests/test_detect_matrix.py`` runs the same configurations
 (a fast subset by default, the rest under ``-m slow``).
 """
 
@@ -118,6 +120,14 @@ def main() -> int:
                     and row["aggregate_lift"] >= evidence.AGGREGATE_MIN_LIFT)
 
         rules.is_aggregate_candidate = evidence.is_aggregate_candidate = hit_and_lift  # candidates and `auto` read
+    elif "--rank-alone" in sys.argv:
+        import gather_aggregate.detect.pattern_evidence as evidence
+        import gather_aggregate.detect.rules as rules
+
+        def rank_alone(row: dict[str, Any]) -> bool:
+            return row["aggregate_slot_first"] >= evidence.AGGREGATE_MIN_HIT
+
+        rules.is_aggregate_candidate = evidence.is_aggregate_candidate = rank_alone
     w, tok = world()
     tp = fp = fn = 0
     rows = []
