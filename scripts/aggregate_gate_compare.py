@@ -6,7 +6,8 @@
 
 The gate in use (:func:`gather_aggregate.detect.pattern_evidence.is_aggregate_candidate`) asks for the correct
 segment ranked first at its slot in at least ``AGGREGATE_MIN_HIT`` of the prompts *and* a selectivity of at least
-``AGGREGATE_MIN_SELECTIVITY``; the rank-alone gate drops the selectivity bar.  It is patched in for one run, as
+``AGGREGATE_MIN_SELECTIVITY``; the rank-alone gate (``tests/planted_matrix.py``'s, for ``--rank-alone``) drops the
+selectivity bar.  It is patched in for one run, as
 ``scripts/aggregate_rank_compare.py`` patches its variant (the module's own gate restored afterwards, also on
 error).  Prompts: ``scripts/detector_prompts.py``.  Prints one line per model and task: ``same`` or ``CHANGED`` with
 both results (Gather heads, Gather convs, Aggregate heads, read position), and the heads only the rank-alone gate
@@ -16,16 +17,15 @@ makes candidates, with their selectivity.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
-
-def rank_alone_candidate(row: dict[str, Any]) -> bool:
-    import gather_aggregate.detect.pattern_evidence as pe
-
-    return row["aggregate_slot_first"] >= pe.AGGREGATE_MIN_HIT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def both_gates(model: Any, examples: list[Any]) -> tuple[dict[str, tuple], list[tuple]]:
+    from planted_matrix import rank_alone_candidate  # tests/: the variant's one home, beside --rank-alone
+
     import gather_aggregate.detect.pattern_evidence as pe
     import gather_aggregate.detect.rules as rules
     from gather_aggregate.detect.detector import find_ga_heads

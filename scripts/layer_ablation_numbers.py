@@ -124,7 +124,7 @@ def convs(d: Path) -> None:
 
     from gather_aggregate import load_model
     from gather_aggregate.detect.causal_evidence import Prober
-    from gather_aggregate.detect.conv_gather import all_but, conv_positions
+    from gather_aggregate.detect.conv_gather import all_but, conv_positions, segment_tokens
     from gather_aggregate.interventions.ablation import conv_current_tap_hooks, short_conv_layers
 
     model = load_model(d)
@@ -141,9 +141,6 @@ def convs(d: Path) -> None:
     def removed(layers: list[int], where: Any) -> Any:
         return lambda b: [h for la in layers for h in conv_current_tap_hooks(model, la, where(b))]
 
-    def every_entry_token(b: Any) -> Any:  # the tokens a Gather ablation zeroes
-        return Prober._masks(b)["segments"]
-
     def one_entry(which: str, seed: int) -> Any:
         def where(b: Any) -> Any:
             rng = random.Random(seed)
@@ -156,24 +153,28 @@ def convs(d: Path) -> None:
             return mask
         return where
 
+    def at_and_other(layers: list[int], make: Any, read: str) -> tuple[float, float]:
+        """The loss with ``layers``' lags removed where ``make(b, read, seed=None)`` says, and the median of 5
+        draws with ``seed=k`` (another entry token in place of the read position)."""
+        at = prober.loss_with(removed(layers, lambda b: make(b, read, seed=None)))
+        other = statistics.median(prober.loss_with(removed(layers, lambda b, k=k: make(b, read, seed=k)))
+                                  for k in range(5))
+        return at, other
+
     for layers in layer_sets:
         right = prober.loss_with(removed(layers, one_entry("correct", 0)))
         wrong = statistics.median(prober.loss_with(removed(layers, one_entry("wrong", k))) for k in range(3))
         print(f"{d.name} convs {layers} lags removed at every token of the correct entry: {right:.2f}; of a wrong "
               f"entry (median of 3): {wrong:.2f}")
         for read in POSITIONS:
-            at = prober.loss_with(removed(layers, lambda b, read=read: conv_positions(b, read, seed=None)))
-            other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: conv_positions(
-                b, read, seed=k))) for k in range(5))
+            at, other = at_and_other(layers, conv_positions, read)
             print(f"{d.name} convs {layers} lags removed at {read}: {at:.2f} of the margin; at another entry token "
                   f"(median of 5): {other:.2f}")
-            kept = prober.loss_with(removed(layers, lambda b, read=read: all_but(b, read, seed=None)))
-            kept_other = statistics.median(prober.loss_with(removed(layers, lambda b, read=read, k=k: all_but(
-                b, read, seed=k))) for k in range(5))
+            kept, kept_other = at_and_other(layers, all_but, read)
             print(f"{d.name} convs {layers} lags kept at {read} only (removed at the other entry tokens): {kept:.2f}; "
                   f"kept at another entry token only (median of 5): {kept_other:.2f}")
         print(f"{d.name} convs {layers} lags removed at every entry token: "
-              f"{prober.loss_with(removed(layers, every_entry_token)):.2f}")
+              f"{prober.loss_with(removed(layers, segment_tokens)):.2f}")
 
 
 def sets(d: Path, spec: str, aside: str) -> None:

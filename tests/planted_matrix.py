@@ -107,6 +107,14 @@ def run(cfg: dict[str, Any], w: Any = None, tok: Any = None) -> dict[str, Any]:
             "margin": res["margin"]}
 
 
+def rank_alone_candidate(row: dict[str, Any]) -> bool:
+    """The Aggregate gate's rank at the slot without its selectivity bar (``--rank-alone``; also run on the fixtures
+    and the zoo by ``scripts/aggregate_gate_compare.py``)."""
+    from gather_aggregate.detect.pattern_evidence import AGGREGATE_MIN_HIT
+
+    return row["aggregate_slot_first"] >= AGGREGATE_MIN_HIT
+
+
 def main() -> int:
     import torch
 
@@ -124,10 +132,7 @@ def main() -> int:
         import gather_aggregate.detect.pattern_evidence as evidence
         import gather_aggregate.detect.rules as rules
 
-        def rank_alone(row: dict[str, Any]) -> bool:
-            return row["aggregate_slot_first"] >= evidence.AGGREGATE_MIN_HIT
-
-        rules.is_aggregate_candidate = evidence.is_aggregate_candidate = rank_alone
+        rules.is_aggregate_candidate = evidence.is_aggregate_candidate = rank_alone_candidate
     w, tok = world()
     tp = fp = fn = 0
     rows = []
