@@ -6,8 +6,8 @@
 
 The gate in use (:func:`gather_aggregate.detect.pattern_evidence.is_aggregate_candidate`) ranks each segment's share
 over its slot's base (``aggregate_slot_first``); the raw rule ranks the shares as they are
-(``aggregate_beats_wrong``), both with the same ``AGGREGATE_MIN_HIT`` and selectivity bar.  The raw rule is patched
-in for one run, as ``tests/planted_matrix.py --without-selectivity`` patches its variant.  A fixture is run on its
+(``aggregate_beats_wrong``), both with the same ``AGGREGATE_MIN_HIT`` and ``AGGREGATE_MIN_OVER_CHANCE`` bars.
+The raw rule is patched in for one run, as ``tests/planted_matrix.py --without-selectivity`` patches its variant.  A fixture is run on its
 task's 8 prompts (seed 0, as ``tests/test_detect_fixtures.py``), a zoo model on KV and letter-MC with 96 each.
 Prints one line per model and task: ``same`` or ``CHANGED`` with both results (Gather heads, Gather convs,
 Aggregate heads, read position).
@@ -23,7 +23,7 @@ def raw_rank_candidate(row: dict[str, Any]) -> bool:
     import gather_aggregate.detect.pattern_evidence as pe
 
     return (row["aggregate_beats_wrong"] >= pe.AGGREGATE_MIN_HIT
-            and row["aggregate_selectivity"] >= pe.AGGREGATE_MIN_SELECTIVITY)
+            and row["aggregate_beats_wrong"] >= pe.AGGREGATE_MIN_OVER_CHANCE * row["aggregate_slot_chance"])
 
 
 def both_rules(model: Any, examples: list[Any]) -> dict[str, tuple]:

@@ -1,14 +1,14 @@
 """The planted-circuit matrix: the detector against circuits whose Gather and Aggregate heads we placed.
 
-    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --rank-alone]
+    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --selectivity-bar]
 
 prints, per configuration, the true and named heads, and the precision / recall of the named heads over the
 whole matrix (the table in ``docs/results.md``).  ``--without-selectivity`` runs the rule with the Aggregate
 candidates' position-controlled contrast left out (hit rate and lift only) and counts the false positives by the
-planted role of the head, which is what the contrast is there for (docs/results.md).  ``--rank-alone`` keeps only
-the Aggregate gate's rank at the slot and drops its selectivity bar (the variant
-``scripts/aggregate_gate_compare.py`` runs on the fixtures and the zoo; docs/results_fixtures.md).  ``tests/test_detect_matrix.py`` runs the same configurations
-(a fast subset by default, the rest under ``-m slow``).
+planted role of the head, which is what the contrast is there for (docs/results.md).  ``--selectivity-bar`` runs
+the earlier Aggregate gate, the rank at the slot *and* a selectivity of at least ``AGGREGATE_MIN_SELECTIVITY`` (the
+variant ``scripts/aggregate_gate_compare.py`` runs on the fixtures and the zoo; docs/results_fixtures.md).
+``tests/test_detect_matrix.py`` runs the same configurations (a fast subset by default, the rest under ``-m slow``).
 """
 
 from __future__ import annotations
@@ -107,12 +107,13 @@ def run(cfg: dict[str, Any], w: Any = None, tok: Any = None) -> dict[str, Any]:
             "margin": res["margin"]}
 
 
-def rank_alone_candidate(row: dict[str, Any]) -> bool:
-    """The Aggregate gate's rank at the slot without its selectivity bar (``--rank-alone``; also run on the fixtures
-    and the zoo by ``scripts/aggregate_gate_compare.py``)."""
-    from gather_aggregate.detect.pattern_evidence import AGGREGATE_MIN_HIT
+def selectivity_bar_candidate(row: dict[str, Any]) -> bool:
+    """The earlier Aggregate gate: the rank at the slot and a selectivity bar (``--selectivity-bar``; also run on the
+    fixtures and the zoo by ``scripts/aggregate_gate_compare.py``)."""
+    from gather_aggregate.detect.pattern_evidence import AGGREGATE_MIN_HIT, AGGREGATE_MIN_SELECTIVITY
 
-    return row["aggregate_slot_first"] >= AGGREGATE_MIN_HIT
+    return (row["aggregate_slot_first"] >= AGGREGATE_MIN_HIT
+            and row["aggregate_selectivity"] >= AGGREGATE_MIN_SELECTIVITY)
 
 
 def main() -> int:
@@ -128,11 +129,11 @@ def main() -> int:
                     and row["aggregate_lift"] >= evidence.AGGREGATE_MIN_LIFT)
 
         rules.is_aggregate_candidate = evidence.is_aggregate_candidate = hit_and_lift  # candidates and `auto` read
-    elif "--rank-alone" in sys.argv:
+    elif "--selectivity-bar" in sys.argv:
         import gather_aggregate.detect.pattern_evidence as evidence
         import gather_aggregate.detect.rules as rules
 
-        rules.is_aggregate_candidate = evidence.is_aggregate_candidate = rank_alone_candidate
+        rules.is_aggregate_candidate = evidence.is_aggregate_candidate = selectivity_bar_candidate
     w, tok = world()
     tp = fp = fn = 0
     rows = []

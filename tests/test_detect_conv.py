@@ -1,5 +1,6 @@
 """Issue 19: the Gather role carried by an SSM layer's short convolution (``detect_conv``), and the
-position-controlled Aggregate contrast (``aggregate_selectivity``)."""
+position-controlled Aggregate numbers (``aggregate_selectivity``; issue 42: ``aggregate_slot_first``, the rank at the
+slot with ties shared, which is the Aggregate gate)."""
 
 from __future__ import annotations
 
@@ -216,3 +217,50 @@ def test_a_conv_probe_restarted_at_its_layer_equals_the_run_from_the_tokens():
         full, resumed = prober.loss_with(hooks), prober.loss_with(hooks, start=layer)
         assert resumed == pytest.approx(full, abs=1e-5), layer
         assert full != 0.0
+
+
+def test_the_rank_at_the_slot_gives_ties_a_shared_place():
+    """A head that gives the segments nothing, or the same share at every slot, ties everywhere: each prompt's tie
+    with its ``k`` wrong segments counts ``1 / (k + 1)``, so the head scores chance (1 / 5), not 0 or 1."""
+    correct = [0, 1, 2, 3, 4, 0, 1, 2]
+    for row in ([0.0] * 5, [0.2] * 5):
+        on, corr, wrong = _slot_rows([row] * 8, correct, 5)
+        _, first, chance = _slot_stats([(on, corr, wrong)])
+        assert float(first[0]) == pytest.approx(0.2) and chance == pytest.approx(0.2)
+
+
+def test_a_previous_token_head_whose_other_slots_get_nothing_is_no_aggregate_candidate():
+    """A head fixed on the last slot, the other slots never read (0 over a base of 0): where the correct segment
+    is elsewhere it ties with every slot (all at their base), and where it is the last one it is at its base too.
+    It scores chance, so it is no candidate however often the last segment is the right one."""
+    from gather_aggregate.detect.pattern_evidence import is_aggregate_candidate
+
+    correct = [4, 4, 4, 4, 4, 0, 1, 2, 3, 4]
+    on, corr, wrong = _slot_rows([[0.0, 0.0, 0.0, 0.0, 1.0]] * 10, correct, 5)
+    _, first, chance = _slot_stats([(on, corr, wrong)])
+    assert float(first[0]) == pytest.approx(0.2)
+    assert not is_aggregate_candidate({"aggregate_slot_first": float(first[0]), "aggregate_slot_chance": chance})
+
+
+def test_a_slot_read_only_when_correct_ranks_first():
+    """A row that reads a segment only when it is the correct one (each slot's base 0): the correct segment is
+    above every ratio (nothing over nothing is 1, something over nothing above any), so it ranks first always."""
+    rows, correct = [], []
+    for b in range(10):
+        r = [0.0] * 5
+        r[b % 5] = 0.3
+        rows.append(r)
+        correct.append(b % 5)
+    on, corr, wrong = _slot_rows(rows, correct, 5)
+    assert float(_slot_stats([(on, corr, wrong)])[1][0]) == 1.0
+
+
+def test_the_aggregate_gate_asks_twice_chance_where_segments_are_few():
+    """With two segments a random ranking scores 0.5, so the gate asks for 1.0 (twice chance), not 0.5; from four
+    segments on, ``AGGREGATE_MIN_HIT`` is the binding bar."""
+    from gather_aggregate.detect.pattern_evidence import is_aggregate_candidate
+
+    assert not is_aggregate_candidate({"aggregate_slot_first": 0.75, "aggregate_slot_chance": 0.5})
+    assert is_aggregate_candidate({"aggregate_slot_first": 1.0, "aggregate_slot_chance": 0.5})
+    assert is_aggregate_candidate({"aggregate_slot_first": 0.5, "aggregate_slot_chance": 0.125})
+    assert not is_aggregate_candidate({"aggregate_slot_first": 0.45, "aggregate_slot_chance": 0.125})

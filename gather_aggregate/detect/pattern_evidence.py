@@ -52,8 +52,12 @@ preference).  A head fixed on a position (previous-token, recency, a sink) score
 small prompt sample, while an SSM's smooth Aggregate row, whose decaying tail gives nearby wrong segments a good
 share, still scores well above 1.  ``aggregate_slot_first`` is the rank with the position held fixed the same way:
 the share of prompts whose correct segment, divided by its slot's base, beats every wrong segment divided by its
-own slot's base (chance: 1 / number of segments).  The raw rank ``aggregate_beats_wrong`` asks which segment a
-decaying SSM row is nearest to as much as which one it reads: the last segment before the query wins most prompts
+own slot's base.  A tie (within ``TIE_RTOL``, relative) with ``k`` wrong segments is a shared first place and
+counts ``1 / (k + 1)``, what a random tiebreak gives: a head that gives the segments nothing, or the same at every
+slot, scores chance.  A slot that gets nothing when it holds a wrong segment is at its base (1) when it gets nothing
+now, and above every finite ratio when it gets something.  ``aggregate_slot_chance`` is what a random ranking
+scores, the mean over prompts of 1 / number of segments.  The raw rank ``aggregate_beats_wrong`` asks which segment
+a decaying SSM row is nearest to as much as which one it reads: the last segment before the query wins most prompts
 whatever is asked.
 
 (Row keys: ``gather@READ``, ``gather_uniform@READ``, ``gather_excl_prev@READ`` per read position; the detector
@@ -80,13 +84,18 @@ READS = ("summary", "last-1", "last-2")
 GATHER_MIN_LIFT = 2.0
 GATHER_MIN_MASS = 0.1
 #: ... an Aggregate pattern candidate when its query row, each segment's share taken over what its slot gets when it
-#: holds a wrong segment, ranks the correct segment first in at least half the prompts (``aggregate_slot_first``;
-#: chance: 1 / segments, 4x chance at 8 segments), and gives it at least twice the share it gives the same slot when
-#: that slot holds a wrong segment (``aggregate_selectivity``: a head fixed on one position, e.g. a previous-token
-#: head landing on the last segment, hits whenever that segment is the right one, but gives the slot as much when it
-#: is wrong, so it scores 1).  Both compare the correct segment only with the other segments of the same head's
-#: rows, with the position held fixed: a rank and a ratio, whatever the row's scale or its decay towards the query.
+#: holds a wrong segment, ranks the correct segment first in at least half the prompts (``aggregate_slot_first``)
+#: and in at least twice the share a random ranking would (``aggregate_slot_chance``; the second bar only binds
+#: below four segments a prompt).  The rank compares the correct segment only with the other segments of the same
+#: head's rows, with the position held fixed, so a head fixed on one position (a previous-token head landing on the
+#: last segment) ties with its slot's base wherever it reads nothing and scores chance.  The rank is the whole gate:
+#: its one setting holds on softmax, SSM and delta-rule rows alike, whatever their scale or decay towards the query.
 AGGREGATE_MIN_HIT = 0.5
+AGGREGATE_MIN_OVER_CHANCE = 2.0
+#: two ratios within this relative distance are a tie (shared first place)
+TIE_RTOL = 1e-4
+#: not a gate (``aggregate_selectivity`` orders the candidates and is reported): the bar the earlier gate set beside
+#: the rank (``tests/planted_matrix.py --selectivity-bar``, ``scripts/aggregate_gate_compare.py``)
 AGGREGATE_MIN_SELECTIVITY = 2.0
 #: not a gate (``aggregate_lift`` is reported): the bar ``tests/planted_matrix.py --without-selectivity`` puts in the
 #: selectivity's place, to show what the position control is there for
@@ -258,15 +267,16 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
                               ("aggregate_uniform", "aggregate_uniform"), ("aggregate_hit", "aggregate_beats_wrong")):
                 row[col] = float(sums[(info.index, name)][h]) / n
             row["aggregate_lift"] = row["aggregate_on_correct"] / max(row["aggregate_uniform"], 1e-12)
-            base, first = slot_stats[info.index]
+            base, first, chance = slot_stats[info.index]
             row["aggregate_slot_base"], row["aggregate_slot_first"] = float(base[h]), float(first[h])
+            row["aggregate_slot_chance"] = chance
             row["aggregate_selectivity"] = row["aggregate_on_correct"] / max(row["aggregate_slot_base"], 1e-12)
             row["read_profile"] = {read: float(sums[(info.index, f"profile:{read}")][h]) / n for read in profile}
             out[(info.index, h)] = row
     return {"heads": out, "reads": list(reads)}
 
 
-def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, float]:
     """Per head ``[h]``: the mean over prompts of what the query row gives the correct segment's slot in the
     prompts where that slot holds a wrong segment (``aggregate_slot_base``), and the share of prompts whose correct
     segment over its slot's base beats every wrong one over its own (``aggregate_slot_first``).  ``data`` holds per
@@ -278,7 +288,7 @@ def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tens
     corr = torch.cat([c for _, c, _ in data])  # [B]
     wrong = torch.cat([torch.nn.functional.pad(w, (0, n_seg - w.shape[-1])) for _, _, w in data]).float()
     if on.shape[0] == 0:
-        return torch.zeros(on.shape[1]), torch.zeros(on.shape[1])
+        return torch.zeros(on.shape[1]), torch.zeros(on.shape[1]), 1.0
     per_slot = (on * wrong[:, None]).sum(0) / wrong.sum(0).clamp_min(1)  # [h, seg]
     seen = wrong.sum(0) > 0  # [seg]
     own_mean = (on * wrong[:, None]).sum(-1) / wrong.sum(-1, keepdim=True).clamp_min(1)  # [B, h]
@@ -286,15 +296,24 @@ def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tens
     at_corr = corr[:, None, None].expand(-1, on.shape[1], 1)
     base = slot_b.gather(2, at_corr)[..., 0]  # [B, h]: the correct slot's base
     # each segment's share over its slot's base: the rank with the position held fixed
-    norm = on / slot_b.clamp_min(1e-12)
-    n_wrong = norm.masked_fill(wrong[:, None] == 0, -1.0).max(-1).values
-    return base.mean(0), (norm.gather(2, at_corr)[..., 0] > n_wrong).float().mean(0)
+    # a slot that gets nothing when wrong and nothing now is at its base (1), one read only now is above any
+    norm = torch.where(slot_b > 0, on / slot_b.clamp_min(1e-30),
+                       torch.where(on > 0, torch.full((), float("inf")), torch.ones(())))
+    c = norm.gather(2, at_corr)  # [B, h, 1]
+    is_w = wrong[:, None].bool().expand_as(norm)
+    tol = TIE_RTOL * torch.maximum(norm.abs(), c.abs()).nan_to_num(posinf=0.0)
+    above = is_w & (norm > c + tol)
+    tied = is_w & ~above & ((norm >= c - tol) | ((norm == c) & torch.isinf(c)))
+    # a tie with k wrong segments is a shared first place: 1 / (k + 1) of a hit, what a random tiebreak gives
+    first = torch.where(above.any(-1), torch.zeros(()), 1.0 / (1.0 + tied.sum(-1).float()))
+    chance = (1.0 / (1.0 + wrong.sum(-1))).mean()
+    return base.mean(0), first.mean(0), float(chance)
 
 
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
     """Aggregate pattern candidate (thresholds: module constants, meaning in the module docstring)."""
     return (row["aggregate_slot_first"] >= AGGREGATE_MIN_HIT
-            and row["aggregate_selectivity"] >= AGGREGATE_MIN_SELECTIVITY)
+            and row["aggregate_slot_first"] >= AGGREGATE_MIN_OVER_CHANCE * row["aggregate_slot_chance"])
 
 
 def gather_values(row: dict[str, Any], read: str) -> tuple[float, float]:

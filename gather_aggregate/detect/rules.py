@@ -7,11 +7,12 @@ For each role (Gather, Aggregate):
    out), so that what a mixer puts elsewhere (a softmax sink, a delta rule's signed removal terms, an SSM's tail)
    does not count.  A Gather head's read rows give their own segment's earlier tokens at least twice the share a
    uniform row would, and at least 0.1, of their mass on the tokens up to the read position; an Aggregate head's
-   query row, read over the segments' tokens only, gives the correct segment at least twice the share it gives the
-   same slot when that slot holds a wrong segment, and, each segment's share taken over its slot's, ranks the
-   correct one first in at least half the prompts (chance 1 / segments): both with the position held fixed, so that
-   an SSM row's decay towards the query does not decide.  At most ``max_candidates`` per role, strongest first (by
-   Gather lift, by Aggregate selectivity: the only use of ranking).
+   query row, read over the segments' tokens only and each segment's share taken over what its slot gets when it
+   holds a wrong segment, ranks the correct segment first in at least half the prompts and in at least twice the
+   share a random ranking would (chance 1 / segments; ties shared): with the position held fixed, so that an SSM
+   row's decay towards the query does not decide, and a rank, so that a mixer's scale does not.  At most
+   ``max_candidates`` per role, strongest first (by Gather lift, by Aggregate selectivity, the correct segment's
+   share over its slot's base: the only use of ranking).
 2. **A group, by peeling** (:func:`gather_aggregate.detect.causal_evidence.peel`): all candidates are zero-ablated together
    where the role acts (Gather: the segments' tokens; Aggregate: the query position) and heads are dropped one at
    a time while some head, restored alone, gives back less than ``KEEP_MIN`` (0.05) of the retrieval margin.  A
