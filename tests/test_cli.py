@@ -42,8 +42,10 @@ def test_detect_and_ablate_and_pattern(results):
     assert det["meta"]["reading"] == {"gather": "summary", "aggregate": "segment"}  # --reading summary
     assert all(r["evidence"] in ("alone", "joint") for r in det["rows"] if r["role"])
     assert all(r["rule"] for r in det["rows"])  # every decision explained
-    assert {"aggregate_selectivity", "aggregate_slot_first"} <= set(det["rows"][0])  # the Aggregate gate's numbers
+    # the Aggregate gate's numbers: the rank at the slot and what a random ranking scores
+    assert {"aggregate_selectivity", "aggregate_slot_first", "aggregate_slot_chance"} <= set(det["rows"][0])
     assert all(0.0 <= r["aggregate_slot_first"] <= 1.0 for r in det["rows"])  # a share of prompts
+    assert all(0.0 < r["aggregate_slot_chance"] <= 0.5 for r in det["rows"])  # 1 / segments, at least two
     assert det["meta"]["gather_conv"] == [] and det["meta"]["conv"] == []  # a transformer has no short conv
     abl = json.loads((results / "ablate.json").read_text())["rows"]
     assert abl[0]["head_list"] == [[1, 0], [1, 2]] and abl[0]["task"] == "kv" and 0 <= abl[0]["ablated"] <= 1

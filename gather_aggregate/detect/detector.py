@@ -162,9 +162,9 @@ def _contrast(mass: Tensor, correct: Tensor, other: Tensor, has_correct: Tensor)
 #: the per-head numbers behind each decision (JSON ``decisions``, CSV columns, the report's detector table)
 DECISION_COLUMNS = ("layer", "head", "kind", "role", "gather_mass", "gather_lift", "aggregate_on_correct",
                     "aggregate_wrong", "aggregate_slot_base", "aggregate_selectivity", "aggregate_lift",
-                    "aggregate_beats_wrong", "aggregate_slot_first", "gather_alone", "aggregate_alone",
-                    "gather_give_back", "aggregate_give_back", "gather_random_median", "aggregate_random_median",
-                    "rule")
+                    "aggregate_beats_wrong", "aggregate_slot_first", "aggregate_slot_chance", "gather_alone",
+                    "aggregate_alone", "gather_give_back", "aggregate_give_back", "gather_random_median",
+                    "aggregate_random_median", "rule")
 
 
 @dataclass
