@@ -97,8 +97,8 @@ TIE_RTOL = 1e-4
 #: not a gate (``aggregate_selectivity`` orders the candidates and is reported): the bar the earlier gate set beside
 #: the rank (``tests/planted_matrix.py --selectivity-bar``, ``scripts/aggregate_gate_compare.py``)
 AGGREGATE_MIN_SELECTIVITY = 2.0
-#: not a gate (``aggregate_lift`` is reported): the bar ``tests/planted_matrix.py --without-selectivity`` puts in the
-#: selectivity's place, to show what the position control is there for
+#: not a gate (``aggregate_lift`` is reported): the bar ``tests/planted_matrix.py --without-selectivity`` sets beside
+#: the raw rank in the position control's place, to show what that control is there for
 AGGREGATE_MIN_LIFT = 2.0
 
 
@@ -279,7 +279,9 @@ def pattern_evidence(model: HookedModel, examples: Sequence[Any], *, batch_size:
 def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, float]:
     """Per head ``[h]``: the mean over prompts of what the query row gives the correct segment's slot in the
     prompts where that slot holds a wrong segment (``aggregate_slot_base``), and the share of prompts whose correct
-    segment over its slot's base beats every wrong one over its own (``aggregate_slot_first``).  ``data`` holds per
+    segment over its slot's base beats every wrong one over its own (``aggregate_slot_first``, a tie with ``k`` wrong
+    segments counting ``1 / (k + 1)``); and, one number, what a random ranking scores (``aggregate_slot_chance``,
+    the mean over prompts of 1 / segments).  ``data`` holds per
     batch the query row's mass per segment ``[b, h, seg]``, the correct index ``[b]`` and the wrong-segment mask
     ``[b, seg]``.  A prompt whose correct slot is never wrong elsewhere (a one-prompt sample) falls back to that
     prompt's own mean wrong segment, as base of every slot."""
