@@ -91,16 +91,25 @@ def test_falcon_mamba_chunked_forward_is_hfs():
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_a_grown_llama_starts_as_the_model_it_was_grown_from():
+def _grown(family, below, above):
+    """A fresh 2-layer ``family`` model grown by ``below`` / ``above`` layers: the model, and its logits on the same
+    tokens before and after growing."""
     import torch
     import train_mixers
 
-    m = train_mixers.build("llama", 2, 40, 0, 1).eval()
+    m = train_mixers.build(family, 2, 40, 0, 1).eval()
     x = torch.randint(2, 40, (2, 11))
     with torch.no_grad():
         before = m(input_ids=x).logits
-        train_mixers.grow_around(m, 2, 2, seed=2)
+        train_mixers.grow_around(m, below, above, seed=2)
         after = m(input_ids=x).logits
+    return m, before, after
+
+
+def test_a_grown_llama_starts_as_the_model_it_was_grown_from():
+    import torch
+
+    m, before, after = _grown("llama", 2, 2)
     assert len(m.model.layers) == 6 and m.config.num_hidden_layers == 6
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
@@ -109,15 +118,9 @@ def test_a_grown_falcon_mamba_starts_as_the_model_it_was_grown_from_and_scans_wi
     """``log-falconmamba4``'s growth: one fresh block below and one above, each mixer's ``out_proj`` at zero, gives
     the 2-layer model's logits; every mixer, the fresh ones too, runs through the project's scan, numbered in order."""
     import torch
-    import train_mixers
     from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
 
-    m = train_mixers.build("falconmamba", 2, 40, 0, 1).eval()
-    x = torch.randint(2, 40, (2, 11))
-    with torch.no_grad():
-        before = m(input_ids=x).logits
-        train_mixers.grow_around(m, 1, 1, seed=2)
-        after = m(input_ids=x).logits
+    m, before, after = _grown("falconmamba", 1, 1)
     assert len(m.backbone.layers) == 4 and m.config.num_hidden_layers == 4
     assert [b.layer_idx for b in m.backbone.layers] == [b.mixer.layer_idx for b in m.backbone.layers] == [0, 1, 2, 3]
     assert all("forward" in vars(mod) for mod in m.modules() if isinstance(mod, FalconMambaMixer))  # our scan
