@@ -305,7 +305,7 @@ def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tens
     is_w = wrong[:, None].bool().expand_as(norm)
     tol = TIE_RTOL * torch.maximum(norm.abs(), c.abs()).nan_to_num(posinf=0.0)
     above = is_w & (norm > c + tol)
-    tied = is_w & ~above & ((norm >= c - tol) | ((norm == c) & torch.isinf(c)))
+    tied = is_w & ~above & (norm >= c - tol)  # at an infinite c the tolerance is 0: only infinite ratios tie
     # a tie with k wrong segments is a shared first place: 1 / (k + 1) of a hit, what a random tiebreak gives
     first = torch.where(above.any(-1), torch.zeros(()), 1.0 / (1.0 + tied.sum(-1).float()))
     chance = (1.0 / (1.0 + wrong.sum(-1))).mean()
