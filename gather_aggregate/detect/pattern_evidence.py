@@ -285,16 +285,10 @@ def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tens
     batch the query row's mass per segment ``[b, h, seg]``, the correct index ``[b]`` and the wrong-segment mask
     ``[b, seg]``.  A prompt whose correct slot is never wrong elsewhere (a one-prompt sample) falls back to that
     prompt's own mean wrong segment, as base of every slot."""
-    n_seg = max(m.shape[-1] for m, _, _ in data)
-    on = torch.cat([torch.nn.functional.pad(m, (0, n_seg - m.shape[-1])) for m, _, _ in data])  # [B, h, seg]
-    corr = torch.cat([c for _, c, _ in data])  # [B]
-    wrong = torch.cat([torch.nn.functional.pad(w, (0, n_seg - w.shape[-1])) for _, _, w in data]).float()
+    on, corr, wrong = _stack_slots(data)
     if on.shape[0] == 0:
         return torch.zeros(on.shape[1]), torch.zeros(on.shape[1]), 1.0
-    per_slot = (on * wrong[:, None]).sum(0) / wrong.sum(0).clamp_min(1)  # [h, seg]
-    seen = wrong.sum(0) > 0  # [seg]
-    own_mean = (on * wrong[:, None]).sum(-1) / wrong.sum(-1, keepdim=True).clamp_min(1)  # [B, h]
-    slot_b = torch.where(seen[None, None], per_slot[None], own_mean[..., None])  # [B, h, seg]: each slot's base
+    slot_b = _slot_bases(on, wrong)
     at_corr = corr[:, None, None].expand(-1, on.shape[1], 1)
     base = slot_b.gather(2, at_corr)[..., 0]  # [B, h]: the correct slot's base
     # each segment's share over its slot's base: the rank with the position held fixed
@@ -310,6 +304,25 @@ def _slot_stats(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tens
     first = torch.where(above.any(-1), torch.zeros(()), 1.0 / (1.0 + tied.sum(-1).float()))
     chance = (1.0 / (1.0 + wrong.sum(-1))).mean()
     return base.mean(0), first.mean(0), float(chance)
+
+
+def _stack_slots(data: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+    """``_slot_stats``' batches as one: the mass per segment ``[B, h, seg]``, the correct index ``[B]`` and the
+    wrong-segment mask ``[B, seg]`` (as floats), padded to the most segments of any batch."""
+    n_seg = max(m.shape[-1] for m, _, _ in data)
+    on = torch.cat([torch.nn.functional.pad(m, (0, n_seg - m.shape[-1])) for m, _, _ in data])
+    corr = torch.cat([c for _, c, _ in data])
+    wrong = torch.cat([torch.nn.functional.pad(w, (0, n_seg - w.shape[-1])) for _, _, w in data]).float()
+    return on, corr, wrong
+
+
+def _slot_bases(on: Tensor, wrong: Tensor) -> Tensor:
+    """``[B, h, seg]``: each slot's base, what the row gives it over the prompts where it holds a wrong segment (a
+    slot never wrong: the prompt's own mean wrong segment)."""
+    per_slot = (on * wrong[:, None]).sum(0) / wrong.sum(0).clamp_min(1)  # [h, seg]
+    seen = wrong.sum(0) > 0  # [seg]
+    own_mean = (on * wrong[:, None]).sum(-1) / wrong.sum(-1, keepdim=True).clamp_min(1)  # [B, h]
+    return torch.where(seen[None, None], per_slot[None], own_mean[..., None])
 
 
 def is_aggregate_candidate(row: dict[str, Any]) -> bool:
