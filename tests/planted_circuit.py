@@ -17,6 +17,14 @@ most of the mass lies off the segments):
   segment's earlier tokens and writes their ``E`` into ``C`` (``1/k`` each for ``k`` redundant Gather heads);
 * ``aggregate``: attends by content, ``softmax(beta * <Q_query, C_key>)``, and copies ``E + C`` of what it reads
   into ``O`` (``1/k`` each);
+* ``relay`` (a first Aggregate stage, in series with the ``aggregate`` heads of a later layer): attends as an
+  ``aggregate`` head does and writes ``E + C`` of what it reads into a fifth block ``R`` (``1/k`` each), and
+  ``relay_out`` of it into ``O`` too; a model with relay heads has its ``aggregate`` heads match ``R`` instead of
+  ``Q``, ``softmax(beta * <R_query, C_key>)``: the segment whose content the relay found.  The score is then
+  quadratic in the gathered content, so that where the relay only feeds the later stage, two or more Gather heads
+  are needed together (losing one of two takes retrieval to chance) instead of each enough alone.  At ``relay_out = 0``
+  neither stage retrieves without the other; the relay's row, like the key-mover's, carries no delta terms (its
+  output is the later stage's query);
 * ``keymover`` (the unrelated high-drop head): attends to the queried key (two tokens back in the KV prompt's
   ``... ' k ' is``, itself in MQAR) and writes its ``E`` into ``Q``; without it the embedding puts it there;
 * distractors ``prev``, ``uniform``, ``sink``, ``self``, ``first_line`` write ``0.02 E`` into ``O`` (a small,
@@ -51,7 +59,7 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
     normalize_scores = False
 
     def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, beta: float = 60.0,
-                 gain: float = 30.0, noise: float = 0.02):
+                 gain: float = 30.0, noise: float = 0.02, relay_out: float = 0.0):
         super().__init__()
         self.tokenizer, self.heads_spec, self.kinds = tokenizer, heads, kinds
         self.V = self.d_vocab = len(tokenizer)
@@ -60,6 +68,9 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         n = max(len(h) for h in heads)
         self.n_gather = sum(r == "gather" for layer in heads for r in layer)
         self.n_agg = sum(r == "aggregate" for layer in heads for r in layer)
+        self.n_relay = sum(r == "relay" for layer in heads for r in layer)
+        self.relay_out = relay_out
+        self.n_blocks = 5 if self.n_relay else 4
         self.has_keymover = any("keymover" in layer for layer in heads)
         self._layers = [LayerInfo(i, "ssm" if kinds[i] == "delta" else kinds[i], n, self.V, f"blocks.{i}.attn.hook_z")
                         for i in range(len(heads))]
@@ -96,11 +107,11 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         return self._cache[key]
 
     def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
-        """The residual ``[batch, pos, 4V]`` before the first layer: ``E`` the token, ``Q`` the queried key when no
+        """The residual ``[batch, pos, 4V]`` (``5V`` with relay heads) before the first layer: ``E`` the token, ``Q`` the queried key when no
         key-mover head puts it there."""
         B, L = tokens.shape
         V = self.V
-        x = torch.zeros(B, L, 4 * V)
+        x = torch.zeros(B, L, self.n_blocks * V)
         x[..., :V] = nn.functional.one_hot(tokens, V).float()
         if not self.has_keymover:
             x[..., 2 * V:3 * V] = self._queried_key(tokens, rules)
@@ -124,14 +135,15 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         tokens = self.validate_tokens(tokens)
         V = self.V
         rules = [self._row_rules(row.tolist()) for row in tokens]
-        x = self.hook_embed(self._embed(tokens, rules))  # [b, L, 4V]
+        x = self.hook_embed(self._embed(tokens, rules))  # [b, L, 4V or 5V]
         B, L = tokens.shape
         causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
         for i, spec in enumerate(self.heads_spec):
             pats = []
             for role in spec:
-                if role == "aggregate":
-                    q, c = x[..., 2 * V:3 * V], x[..., V:2 * V]
+                if role in ("aggregate", "relay"):
+                    later = role == "aggregate" and self.n_relay  # the second stage matches what the relay found
+                    q, c = x[..., 4 * V:] if later else x[..., 2 * V:3 * V], x[..., V:2 * V]
                     if self.normalize_scores:
                         q, c = nn.functional.normalize(q, dim=-1), nn.functional.normalize(c, dim=-1)
                     s = self.beta * torch.einsum("bqv,bkv->bqk", q, c)
@@ -144,9 +156,11 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
                 pat = pat + self._tail(L)
             elif self.kinds[i] == "delta":  # not the key-mover's row: its output is the query, which the
                 # Aggregate heads match against the gathered content, so the first token's term would match itself
-                pat = pat + self._delta_terms(L) * torch.tensor([role != "keymover" for role in spec]).float()[:, None, None]
+                plain = torch.tensor([role not in ("keymover", "relay") for role in spec]).float()
+                pat = pat + self._delta_terms(L) * plain[:, None, None]
             pat = self.hooks_pattern[i](pat)
-            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role == "aggregate" else 0) for role in spec], 2)
+            src = torch.stack([x[..., :V] + (x[..., V:2 * V] if role in ("aggregate", "relay") else 0)
+                               for role in spec], 2)
             z = self.hooks_z[i](torch.einsum("bhqk,bkhv->bqhv", pat, src))  # [b, q, h, V]
             out = torch.zeros_like(x)
             for h, role in enumerate(spec):
@@ -154,13 +168,16 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
                 if role == "gather":
                     out[..., V:2 * V] += zh / self.n_gather
                 elif role == "aggregate":
-                    out[..., 3 * V:] += zh / self.n_agg
+                    out[..., 3 * V:4 * V] += zh / self.n_agg
+                elif role == "relay":
+                    out[..., 4 * V:] += zh / self.n_relay
+                    out[..., 3 * V:4 * V] += self.relay_out * zh / self.n_relay
                 elif role == "keymover":
                     out[..., 2 * V:3 * V] += zh
                 else:
-                    out[..., 3 * V:] += self.noise * zh
+                    out[..., 3 * V:4 * V] += self.noise * zh
             x = x + out
-        return self.gain * x[..., 3 * V:]
+        return self.gain * x[..., 3 * V:4 * V]
 
 
 class CircuitModel(PlantedModel):
@@ -168,8 +185,8 @@ class CircuitModel(PlantedModel):
 
     def __init__(self, tokenizer: Any, heads: list[list[str]], kinds: list[str], *, fmt: str = "kv",
                  read: str = "delim", values: list[str] | None = None, beta: float = 60.0, gain: float = 30.0,
-                 noise: float = 0.02):
-        super().__init__(tokenizer, heads, kinds, beta=beta, gain=gain, noise=noise)
+                 noise: float = 0.02, relay_out: float = 0.0):
+        super().__init__(tokenizer, heads, kinds, beta=beta, gain=gain, noise=noise, relay_out=relay_out)
         self.fmt, self.read = fmt, read
         self.newline = tokenizer.convert_tokens_to_ids("\n")
         self.colon = tokenizer.convert_tokens_to_ids(":")
@@ -232,15 +249,24 @@ class CircuitModel(PlantedModel):
 
 
 def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int, keymover: bool,
-                kind: str, distractors: tuple[str, ...] = DISTRACTORS, n_keymover: int = 1
+                kind: str, distractors: tuple[str, ...] = DISTRACTORS, n_keymover: int = 1, n_relay: int = 0
                 ) -> tuple[list[list[str]], list[str], set, set]:
     """Gather heads in one layer, Aggregate heads in a later one (drawn with ``rng``), the key-mover (if any;
     ``n_keymover`` redundant ones, each enough alone: their outputs add up in ``Q``) in layer 0, distractors
     everywhere else; ``kind="ssm"`` (``"delta"``) makes the Gather and Aggregate layers SSM
-    (delta-rule) layers.
-    Returns the roles per layer, the layer kinds, and the true Gather and Aggregate heads."""
-    g_layer = rng.randrange(0, depth - 1)
-    a_layer = rng.randrange(g_layer + 1, depth)
+    (delta-rule) layers.  ``n_relay`` > 0 (``depth`` >= 3) puts that many relay heads, the first of two Aggregate
+    stages in series, in a layer between the Gather and the Aggregate layers.
+    Returns the roles per layer, the layer kinds, and the true Gather and Aggregate heads (the relays among the
+    Aggregate heads)."""
+    if n_relay:
+        if depth < 3:
+            raise ValueError("relay heads need depth >= 3 (Gather, relay and Aggregate layers)")
+        g_layer = rng.randrange(0, depth - 2)
+        r_layer = rng.randrange(g_layer + 1, depth - 1)
+        a_layer = rng.randrange(r_layer + 1, depth)
+    else:
+        g_layer = rng.randrange(0, depth - 1)
+        a_layer = rng.randrange(g_layer + 1, depth)
     spec = [[""] * heads_per_layer for _ in range(depth)]
 
     def place(layer: int, role: str, k: int) -> list[tuple[int, int]]:
@@ -252,7 +278,7 @@ def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_
     if keymover:
         place(0, "keymover", n_keymover)
     gather = place(g_layer, "gather", n_gather)
-    agg = place(a_layer, "aggregate", n_agg)
+    agg = place(a_layer, "aggregate", n_agg) + (place(r_layer, "relay", n_relay) if n_relay else [])
     for layer in spec:
         for h in range(heads_per_layer):
             if not layer[h]:
@@ -260,19 +286,22 @@ def place_roles(rng: Any, *, heads_per_layer: int, depth: int, n_gather: int, n_
     kinds = ["attn"] * depth
     if kind in ("ssm", "delta"):
         kinds[g_layer] = kinds[a_layer] = kind
+        if n_relay:
+            kinds[r_layer] = kind
     return spec, kinds, set(gather), set(agg)
 
 
 def build(tokenizer: Any, values: list[str], *, heads_per_layer: int, depth: int, n_gather: int, n_agg: int,
-          keymover: bool, read: str, kind: str = "attn", seed: int = 0, n_keymover: int = 1
-          ) -> tuple[CircuitModel, set, set]:
+          keymover: bool, read: str, kind: str = "attn", seed: int = 0, n_keymover: int = 1, n_relay: int = 0,
+          relay_out: float = 0.0) -> tuple[CircuitModel, set, set]:
     """A planted model: Gather heads in one layer, Aggregate heads in a later one, the key-mover (if any) in layer
-    0, distractors everywhere else.  Returns the model and the true Gather and Aggregate heads."""
+    0, distractors everywhere else; ``n_relay`` relay heads (a first Aggregate stage, ``relay_out`` of it also
+    into the output) in a layer between.  Returns the model and the true Gather and Aggregate heads."""
     import random
 
     spec, kinds, gather, agg = place_roles(random.Random(seed), heads_per_layer=heads_per_layer, depth=depth,
                                            n_gather=n_gather, n_agg=n_agg, keymover=keymover, kind=kind,
-                                           n_keymover=n_keymover)
+                                           n_keymover=n_keymover, n_relay=n_relay)
     fmt = "mqar" if read == "pair" else "kv"
-    model = CircuitModel(tokenizer, spec, kinds, fmt=fmt, read=read, values=values)
+    model = CircuitModel(tokenizer, spec, kinds, fmt=fmt, read=read, values=values, relay_out=relay_out)
     return model, gather, agg

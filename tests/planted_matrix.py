@@ -27,13 +27,21 @@ N_PROMPTS = 8
 
 
 N_DELTA = 16
+#: configurations with two Aggregate stages in series (relay heads, :mod:`planted_circuit`)
+N_SERIAL = 12
+#: what a relay writes straight into the output besides feeding the later stage, when it does: at 0.1 removing
+#: the later stage alone costs 0.56 of the margin (at 0.5 it costs 0.02, and the later stage carries nothing)
+RELAY_OUT = 0.1
 
 
 def configs() -> list[dict[str, Any]]:
     """56 configurations drawn (seeded) from heads per layer 4-32, heads per role 1-4, with/without a key-mover,
     read at the delimiter / value token / last token (MQAR pairs), depth 2-4, attention or SSM heads (the first
     eight cover every axis value), then ``N_DELTA`` drawn from the same axes with delta-rule heads
-    (``kind="delta"``, :mod:`planted_circuit`: signed rows that put most of their mass off the segments)."""
+    (``kind="delta"``, :mod:`planted_circuit`: signed rows that put most of their mass off the segments), then
+    ``N_SERIAL`` with two Aggregate stages in series (``n_relay`` relay heads in a layer between the Gather and the
+    Aggregate layers, depth 3-4, any kind; half of them writing ``RELAY_OUT`` of what they read into the output
+    too, half only feeding the later stage)."""
     rng = random.Random(19)
     axes = dict(heads_per_layer=[4, 8, 16, 32], n_gather=[1, 2, 3, 4], n_agg=[1, 2, 3, 4], keymover=[True, False],
                 read=["delim", "value", "pair"], depth=[2, 3, 4], kind=["attn", "ssm"])
@@ -62,6 +70,18 @@ def configs() -> list[dict[str, Any]]:
     while len(out) < 56 + N_DELTA:
         c = {k: rng.choice(v) for k, v in axes.items()} | {"kind": "delta"}
         if c["n_gather"] + 1 > c["heads_per_layer"] or c["n_agg"] > c["heads_per_layer"]:
+            continue
+        key = tuple(sorted(c.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(dict(c, seed=len(out)))
+    rng = random.Random(7)
+    serial = axes | dict(depth=[3, 4], kind=["attn", "ssm", "delta"], n_relay=[1, 2, 3, 4])
+    while len(out) < 56 + N_DELTA + N_SERIAL:
+        c = {k: rng.choice(v) for k, v in serial.items()}
+        c["relay_out"] = RELAY_OUT if (len(out) - 56 - N_DELTA) % 2 else 0.0
+        if c["n_gather"] + 1 > c["heads_per_layer"] or max(c["n_agg"], c["n_relay"]) > c["heads_per_layer"]:
             continue
         key = tuple(sorted(c.items()))
         if key in seen:
@@ -143,7 +163,9 @@ def main() -> int:
         tp, fp, fn = tp + r["tp"], fp + r["fp"], fn + r["fn"]
         rows.append(r)
         c = r["cfg"]
-        print(f"| {c['seed']} | {c['heads_per_layer']} | {c['depth']} | {c['kind']} | {c['read']} | "
+        kind = c["kind"] + (f", {c['n_relay']} relay" + (f" (out {c['relay_out']:g})" if c["relay_out"] else "")
+                            if c.get("n_relay") else "")
+        print(f"| {c['seed']} | {c['heads_per_layer']} | {c['depth']} | {kind} | {c['read']} | "
               f"{'yes' if c['keymover'] else 'no'} | {c['n_gather']}/{c['n_agg']} | {r['read']} | "
               f"{r['tp']} | {r['fp']} | {r['fn']} | {'yes' if r['pairs_ok'] else 'no'} |", flush=True)
     prec = tp / max(tp + fp, 1)
