@@ -236,9 +236,16 @@ STACK_LOGITS = 1 << 26
 RESID_CACHE_BYTES = 1 << 29
 
 
-#: a head stays in its role's group while restoring it alone (the rest of the group still ablated) gives back at
-#: least this share of the retrieval margin: it carries something the others do not replace
+#: a head stays in its role's group while restoring it alone (the rest of the group, or of its layer's part of the
+#: group, still ablated: :func:`peel`) gives back at least this share of the retrieval margin: it carries something
+#: the others do not replace
 KEEP_MIN = 0.05
+
+
+#: the contexts :func:`peel` and :func:`path_losses` measure a head (a path) in: the whole group, and the head's
+#: layer's part of it.  The detector uses both; ``("group",)`` is the earlier rule
+#: (``scripts/peel_context_compare.py`` runs the two side by side)
+CONTEXTS = ("group", "layer")
 
 
 def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[Head], float, dict[Head, float],
@@ -247,6 +254,21 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
     less than ``KEEP_MIN`` of the margin when restored alone, drop the one that gives back least.  Returns the
     group, its loss, each candidate's give-back (at its last test) and the steps, one rule for groups of one, two
     or many (redundant heads each give back much once the others are gone).
+
+    **Two contexts.**  A head's give-back is the larger of what restoring it gives back with, besides it,
+
+    1. the whole group ablated, ``loss(G) - loss(G - h)``: heads in parallel, within a layer or across layers (a
+       backup in a later layer gives back much when everything else is gone); and
+    2. its own layer's part of the group ablated, the group's other layers left clean,
+       ``loss(G_l) - loss(G_l - h)`` with ``G_l`` the group's heads in ``h``'s layer: stages in series, across
+       layers.  Where one stage reads what an earlier one wrote at the same position (a second Aggregate stage
+       whose query the first stage formed), restoring either alone against the whole group gives back nothing:
+       the other stage is still ablated.  With the other layers clean each stage is the bottleneck it is.
+
+    A group within one layer has one context (the two coincide), and costs what one context costs.  Heads needed
+    together within a layer (any one missing costs what all missing do) pass neither: restoring one alone gives
+    nothing back, so all but the last restored are dropped (``tests/planted_matrix.py``'s serial configurations
+    with two or more Gather heads feeding a relay only; docs/results_tables.md).
 
     Lazily evaluated: after a drop, a head's give-back is measured again only when its last value is the least
     one known.  Restoring heads one by one only makes the others matter more where heads are redundant, so an
@@ -259,11 +281,23 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
     give: dict[Head, float] = {}
     fresh: set[Head] = set()  # measured on the current group
     loss = prober.loss(group, where)
+    layer_loss: dict[int, float] = {}  # per layer of the group: loss with only that layer's part of it ablated
+
+    def part(la: int) -> list[Head]:
+        return [g for g in group if g[0] == la]
 
     def measure(heads: list[Head]) -> None:
-        without = prober.losses([([g for g in group if g != hd], where) for hd in heads])
-        for hd, lo in zip(heads, without):
-            give[hd] = loss - lo
+        layers = {g[0] for g in group}
+        todo = [(g, "group") for g in heads]
+        if len(layers) > 1 and "layer" in CONTEXTS:  # 2. the layer context, where it differs from the whole group's
+            todo += [(g, "layer") for g in heads]
+            missing = sorted({g[0] for g in heads} - set(layer_loss))
+            for la, lo in zip(missing, prober.losses([(part(la), where) for la in missing])):
+                layer_loss[la] = lo
+        ablations = [([g for g in (group if ctx == "group" else part(hd[0])) if g != hd], where) for hd, ctx in todo]
+        for (hd, ctx), lo in zip(todo, prober.losses(ablations)):
+            base = loss if ctx == "group" else layer_loss[hd[0]]
+            give[hd] = base - lo if ctx == "group" else max(give[hd], base - lo)
             fresh.add(hd)
 
     measure(group)
@@ -282,6 +316,7 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
         steps.append({"group": [list(h) for h in group], "loss": loss, "least_give_back": give[worst]})
         group.remove(worst)
         loss = prober.loss(group, where) if group else 0.0
+        layer_loss.pop(worst[0], None)  # that layer's part changed; the others' did not
         fresh.clear()
     return group, loss, give, steps
 
@@ -348,20 +383,46 @@ def random_losses(prober: Prober, group: Sequence[Head], where: str, pool: Seque
 
 def path_losses(prober: Prober, senders: Sequence[Head], receivers: Sequence[Head]) -> tuple[float, dict]:
     """G→A path patching (module docstring).  Returns the loss routed from all ``senders`` into all ``receivers``
-    and, per pair ``(g, a)`` with ``g`` in an earlier layer, how much of it comes back when only the path ``g → a``
-    is restored (``a`` then receives the run in which only the other senders are ablated)."""
+    and, per pair ``(g, a)`` with ``g`` in an earlier layer, how much of it the path ``g → a`` carries.
+
+    In a context ``(S, R)``, senders ``S`` ablated and receivers ``R`` patched with their outputs from that run,
+    the pair's share is what comes back when ``a`` instead receives the run in which only ``S - {g}`` are ablated.
+    It is the largest over the two contexts :func:`peel` uses, taken on each side: ``S`` every sender or ``g``'s layer's
+    senders; ``R`` every receiver or ``a``'s layer's receivers.  Every sender and receiver: heads in parallel.
+    ``a``'s layer: receivers in series (where a later Aggregate stage reads what ``a`` writes at the query,
+    restoring ``g → a`` gives nothing back while that stage still receives the corrupted run).  Contexts that
+    coincide (one layer) are run once."""
     recv = [a for a in receivers if any(g[0] < a[0] for g in senders)]
     if not senders or not recv:
         return 0.0, {}
-    _, corrupt = prober.run({"segments": senders}, capture=recv)
-    full_m, _ = prober.run(patch=corrupt)
-    full = (prober.clean - full_m) / prober.margin
+    runs: dict[frozenset, dict] = {frozenset(): {}}  # senders ablated -> receivers' outputs at the query (none: clean)
+    bases: dict[tuple[frozenset, frozenset], float] = {}
+
+    def outputs(ablated: frozenset) -> dict:
+        if ablated not in runs:
+            runs[ablated] = prober.run({"segments": sorted(ablated)}, capture=recv)[1]
+        return runs[ablated]
+
+    def loss(patch: dict) -> float:
+        return (prober.clean - prober.run(patch=patch)[0]) / prober.margin
+
+    def share(s: frozenset, r: frozenset, g: Head, a: Head) -> float:
+        if (s, r) not in bases:
+            bases[(s, r)] = loss({hd: outputs(s)[hd] for hd in r})
+        kept = outputs(s - {g})
+        restored = {hd: outputs(s)[hd] for hd in r if hd != a} | ({a: kept[a]} if a in kept else {})
+        return bases[(s, r)] - (loss(restored) if restored else 0.0)
+
+    everything = (frozenset(senders), frozenset(recv))
+    full = bases[everything] = loss({hd: outputs(everything[0])[hd] for hd in recv})
     pairs: dict[tuple[Head, Head], float] = {}
     for g in senders:
-        _, partial = prober.run({"segments": [s for s in senders if s != g]}, capture=recv)
         for a in recv:
             if g[0] >= a[0]:
                 continue
-            m, _ = prober.run(patch={**corrupt, a: partial[a]})
-            pairs[(g, a)] = full - (prober.clean - m) / prober.margin
+            sides = ({frozenset(senders)}, {frozenset(recv)})
+            if "layer" in CONTEXTS:
+                sides[0].add(frozenset(s for s in senders if s[0] == g[0]))
+                sides[1].add(frozenset(r for r in recv if r[0] == a[0]))
+            pairs[(g, a)] = max(share(s, r, g, a) for s in sides[0] for r in sides[1])
     return full, pairs

@@ -15,8 +15,10 @@ For each role (Gather, Aggregate):
    share over its slot's base: the only use of ranking).
 2. **A group, by peeling** (:func:`gather_aggregate.detect.causal_evidence.peel`): all candidates are zero-ablated together
    where the role acts (Gather: the segments' tokens; Aggregate: the query position) and heads are dropped one at
-   a time while some head, restored alone, gives back less than ``KEEP_MIN`` (0.05) of the retrieval margin.  A
-   lone head, two redundant heads and four redundant heads come out of the same rule.
+   a time while some head, restored alone, gives back less than ``KEEP_MIN`` (0.05) of the retrieval margin, in
+   both of two contexts: the rest of the group ablated, and the rest of its layer's part of the group ablated
+   (the other layers clean).  A lone head, redundant heads and two stages in series (each a bottleneck only while
+   the other works) come out of the same rule.
 3. **Named or not**: the group is named when its loss beats the median of ``N_RANDOM`` random head sets of the
    same size and kinds (ablated at the same positions) by at least ``NAME_MIN`` (0.25) of the retrieval margin:
    removing it takes away a quarter of what the model retrieves above chance more than removing as many ordinary
@@ -37,7 +39,8 @@ only at other tokens does (sufficiency).
 
 Then **pairs**: a Gather head and a later Aggregate head are paired when path patching
 (:func:`gather_aggregate.detect.causal_evidence.path_losses`) shows that restoring only the path from the one into the
-other's keys and values gives back at least ``PAIR_MIN`` (0.1) of the margin.
+other's keys and values gives back at least ``PAIR_MIN`` (0.1) of the margin, in either of the same two contexts
+per side (every sender or receiver, or those of the pair's layers only).
 
 A model whose clean retrieval is within ``MIN_MARGIN`` (0.1 nats) of chance has nothing to detect: the rule names
 nothing and says so.
@@ -211,7 +214,7 @@ def _explain(row: dict[str, Any], hd: Head, groups: dict[str, dict[str, Any]], r
         elif hd in g["group"]:
             why.append(f"{role} candidate, not named: {g['why']}")
         else:
-            why.append(f"{role} candidate, peeled: restoring it gave back {row[f'{role}_give_back']:.2f} "
-                       f"< {KEEP_MIN} of the margin")
+            why.append(f"{role} candidate, peeled: restored alone it gave back at most {row[f'{role}_give_back']:.2f} "
+                       f"< {KEEP_MIN} of the margin (against its group and its layer's part of it)")
     row["role"] = "+".join(roles)
     row["rule"] = "; ".join(why) if why else "no Gather or Aggregate pattern (not a candidate)"
