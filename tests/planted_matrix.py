@@ -1,6 +1,6 @@
 """The planted-circuit matrix: the detector against circuits whose Gather and Aggregate heads we placed.
 
-    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --selectivity-bar]
+    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --selectivity-bar] [--whole-group]
 
 prints, per configuration, the true and named heads, and the precision / recall of the named heads over the
 whole matrix (the table in ``docs/results.md``).  ``--without-selectivity`` runs the rule with the Aggregate
@@ -8,6 +8,8 @@ candidates' position-controlled contrast left out (hit rate and lift only) and c
 planted role of the head, which is what the contrast is there for (docs/results.md).  ``--selectivity-bar`` runs
 the earlier Aggregate gate, the rank at the slot *and* a selectivity of at least ``AGGREGATE_MIN_SELECTIVITY`` (the
 variant ``scripts/aggregate_gate_compare.py`` runs on the fixtures and the zoo; docs/results_fixtures.md).
+``--whole-group`` runs the earlier peeling and path patching, each head measured against the whole group only
+(``causal_evidence.CONTEXTS = ("group",)``; ``scripts/peel_context_compare.py`` runs it on the fixtures and the zoo).
 ``tests/test_detect_matrix.py`` runs the same configurations (a fast subset by default, the rest under ``-m slow``).
 """
 
@@ -154,6 +156,10 @@ def main() -> int:
         import gather_aggregate.detect.rules as rules
 
         rules.is_aggregate_candidate = evidence.is_aggregate_candidate = selectivity_bar_candidate
+    if "--whole-group" in sys.argv:
+        import gather_aggregate.detect.causal_evidence as causal
+
+        causal.CONTEXTS = ("group",)
     w, tok = world()
     tp = fp = fn = 0
     rows = []
@@ -165,8 +171,9 @@ def main() -> int:
         c = r["cfg"]
         kind = c["kind"] + (f", {c['n_relay']} relay" + (f" (out {c['relay_out']:g})" if c["relay_out"] else "")
                             if c.get("n_relay") else "")
+        agg = f"{c['n_relay']}+{c['n_agg']}" if c.get("n_relay") else c["n_agg"]  # relays + the later stage
         print(f"| {c['seed']} | {c['heads_per_layer']} | {c['depth']} | {kind} | {c['read']} | "
-              f"{'yes' if c['keymover'] else 'no'} | {c['n_gather']}/{c['n_agg']} | {r['read']} | "
+              f"{'yes' if c['keymover'] else 'no'} | {c['n_gather']}/{agg} | {r['read']} | "
               f"{r['tp']} | {r['fp']} | {r['fn']} | {'yes' if r['pairs_ok'] else 'no'} |", flush=True)
     prec = tp / max(tp + fp, 1)
     rec = tp / max(tp + fn, 1)
