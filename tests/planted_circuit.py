@@ -107,8 +107,8 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
         return self._cache[key]
 
     def _embed(self, tokens: Tensor, rules: list[dict[str, Tensor]]) -> Tensor:
-        """The residual ``[batch, pos, 4V]`` (``5V`` with relay heads) before the first layer: ``E`` the token, ``Q`` the queried key when no
-        key-mover head puts it there."""
+        """The residual ``[batch, pos, 4V]`` (``5V`` with relay heads) before the first layer: ``E`` the token,
+        ``Q`` the queried key when no key-mover head puts it there."""
         B, L = tokens.shape
         V = self.V
         x = torch.zeros(B, L, self.n_blocks * V)

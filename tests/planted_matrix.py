@@ -1,6 +1,7 @@
 """The planted-circuit matrix: the detector against circuits whose Gather and Aggregate heads we placed.
 
-    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --selectivity-bar] [--whole-group]
+    OMP_NUM_THREADS=1 python tests/planted_matrix.py [--markdown] [--without-selectivity | --selectivity-bar]
+                                                     [--whole-group]
 
 prints, per configuration, the true and named heads, and the precision / recall of the named heads over the
 whole matrix (the table in ``docs/results.md``).  ``--without-selectivity`` runs the rule with the Aggregate
@@ -44,7 +45,6 @@ def configs() -> list[dict[str, Any]]:
     ``N_SERIAL`` with two Aggregate stages in series (``n_relay`` relay heads in a layer between the Gather and the
     Aggregate layers, depth 3-4, any kind; half of them writing ``RELAY_OUT`` of what they read into the output
     too, half only feeding the later stage)."""
-    rng = random.Random(19)
     axes = dict(heads_per_layer=[4, 8, 16, 32], n_gather=[1, 2, 3, 4], n_agg=[1, 2, 3, 4], keymover=[True, False],
                 read=["delim", "value", "pair"], depth=[2, 3, 4], kind=["attn", "ssm"])
     fast = [
@@ -59,38 +59,27 @@ def configs() -> list[dict[str, Any]]:
     ]
     out = [dict(c, seed=i) for i, c in enumerate(fast)]
     seen = {tuple(sorted(c.items())) for c in fast}
-    while len(out) < 56:
-        c = {k: rng.choice(v) for k, v in axes.items()}
-        if c["n_gather"] + 1 > c["heads_per_layer"] or c["n_agg"] > c["heads_per_layer"]:
-            continue
-        key = tuple(sorted(c.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(dict(c, seed=len(out)))
-    rng = random.Random(42)
-    while len(out) < 56 + N_DELTA:
-        c = {k: rng.choice(v) for k, v in axes.items()} | {"kind": "delta"}
-        if c["n_gather"] + 1 > c["heads_per_layer"] or c["n_agg"] > c["heads_per_layer"]:
-            continue
-        key = tuple(sorted(c.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(dict(c, seed=len(out)))
-    rng = random.Random(7)
+    _draw(out, seen, random.Random(19), axes, 56)
+    _draw(out, seen, random.Random(42), axes, 56 + N_DELTA, lambda n: {"kind": "delta"})
     serial = axes | dict(depth=[3, 4], kind=["attn", "ssm", "delta"], n_relay=[1, 2, 3, 4])
-    while len(out) < 56 + N_DELTA + N_SERIAL:
-        c = {k: rng.choice(v) for k, v in serial.items()}
-        c["relay_out"] = RELAY_OUT if (len(out) - 56 - N_DELTA) % 2 else 0.0
-        if c["n_gather"] + 1 > c["heads_per_layer"] or max(c["n_agg"], c["n_relay"]) > c["heads_per_layer"]:
+    _draw(out, seen, random.Random(7), serial, 56 + N_DELTA + N_SERIAL,
+          lambda n: {"relay_out": RELAY_OUT if (n - 56 - N_DELTA) % 2 else 0.0})
+    return out
+
+
+def _draw(out: list[dict[str, Any]], seen: set, rng: random.Random, axes: dict[str, list], until: int,
+          fixed: Any = None) -> None:
+    """Append to ``out`` configurations drawn from ``axes`` (each value by ``rng``, then ``fixed(len(out))``
+    over them) until it holds ``until``, skipping those seen and those with more heads per role than per layer."""
+    while len(out) < until:
+        c = {k: rng.choice(v) for k, v in axes.items()} | (fixed(len(out)) if fixed else {})
+        if c["n_gather"] + 1 > c["heads_per_layer"] or max(c["n_agg"], c.get("n_relay", 0)) > c["heads_per_layer"]:
             continue
         key = tuple(sorted(c.items()))
         if key in seen:
             continue
         seen.add(key)
         out.append(dict(c, seed=len(out)))
-    return out
 
 
 def world() -> tuple[Any, Any]:
