@@ -16,7 +16,8 @@ query) costs nothing where the role it is tested for acts, and is not named.
 **Path patching (G→A).**  Run the model with the Gather set ablated at the segments; keep the Aggregate heads'
 outputs at the query position from that run; then run the clean model with only those outputs patched in.  What
 retrieval loses is routed from the Gather heads into the Aggregate heads' keys and values (the query position is
-clean, so their queries are).  The same hooks serve SSM heads (the tensor entering ``out_proj``).
+clean, so their queries are).  The same hooks serve SSM heads (the tensor entering ``out_proj``).  As peeling does,
+:func:`path_losses` also measures each path against its layers' heads only, for stages in series.
 """
 
 from __future__ import annotations
@@ -268,7 +269,8 @@ def peel(prober: Prober, candidates: Sequence[Head], where: str) -> tuple[list[H
     A group within one layer has one context (the two coincide), and costs what one context costs.  Heads needed
     together within a layer (any one missing costs what all missing do) pass neither: restoring one alone gives
     nothing back, so all but the last restored are dropped (``tests/planted_matrix.py``'s serial configurations
-    with two or more Gather heads feeding a relay only; docs/results_tables.md).
+    with two or more Gather heads feeding a relay only; docs/results_fixtures.md, "Two Aggregate stages in
+    series").
 
     Lazily evaluated: after a drop, a head's give-back is measured again only when its last value is the least
     one known.  Restoring heads one by one only makes the others matter more where heads are redundant, so an
@@ -387,8 +389,8 @@ def path_losses(prober: Prober, senders: Sequence[Head], receivers: Sequence[Hea
 
     In a context ``(S, R)``, senders ``S`` ablated and receivers ``R`` patched with their outputs from that run,
     the pair's share is what comes back when ``a`` instead receives the run in which only ``S - {g}`` are ablated.
-    It is the largest over the two contexts :func:`peel` uses, taken on each side: ``S`` every sender or ``g``'s layer's
-    senders; ``R`` every receiver or ``a``'s layer's receivers.  Every sender and receiver: heads in parallel.
+    It is the largest over the two contexts :func:`peel` uses, taken on each side: ``S`` every sender or ``g``'s
+    layer's senders; ``R`` every receiver or ``a``'s layer's receivers.  Every sender and receiver: heads in parallel.
     ``a``'s layer: receivers in series (where a later Aggregate stage reads what ``a`` writes at the query,
     restoring ``g → a`` gives nothing back while that stage still receives the corrupted run).  Contexts that
     coincide (one layer) are run once."""
