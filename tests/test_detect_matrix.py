@@ -1,7 +1,8 @@
 """Issue 19: the detector names exactly the planted Gather and Aggregate heads across the planted-circuit matrix
 (heads per layer, heads per role, a key-mover, read position, depth, attention/SSM/delta-rule heads, two Aggregate
-stages in series); a fast subset by default (the first four configurations, the first two with delta-rule heads and
-the first two with stages in series)."""
+stages in series); a fast subset by default (the first four configurations, the first two with delta-rule heads, and
+the first with stages in series of each kind the detector gets exactly: a relay that only feeds the later stage, and
+one that also writes to the output)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ FAST = 4
 DELTA = [c for c in CONFIGS if c["kind"] == "delta"]
 DELTA_FAST = 2
 SERIAL = [c for c in CONFIGS if c.get("n_relay")]
-# Serial configurations the detector does not get exactly (docs/results_tables.md, measured by
+# Serial configurations the detector does not get exactly (docs/results_fixtures.md, measured by
 # ``tests/planted_matrix.py``).  Gather heads needed together: where a relay only feeds the later stage, whose score
 # is quadratic in the gathered content, losing one of two or more Gather heads takes retrieval to chance, so peeling
 # (restoring one alone) keeps only the last.  Pairs: the same configurations, and four redundant relays whose
@@ -28,6 +29,7 @@ MISSED = {72: NEEDED_TOGETHER, 76: NEEDED_TOGETHER, 80: NEEDED_TOGETHER, 82: NEE
 # and one also writing to the output
 SERIAL_FAST = [next(c for c in SERIAL if c["seed"] not in MISSED and bool(c["relay_out"]) == out) for out in (0, 1)]
 FAST_SET = CONFIGS[:FAST] + DELTA[:DELTA_FAST] + SERIAL_FAST
+
 
 @pytest.fixture(scope="module")
 def tiny_world():
