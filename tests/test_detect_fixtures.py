@@ -127,8 +127,8 @@ XFAIL: dict[str, str] = {
                        "whole-group context, whose 9 passed at exactly 0.25) are named, but the 13 removed leave "
                        "0.375 on the test's 8 prompts, one prompt over twice chance (64 prompts: 0.27, against the "
                        "9's 0.28; docs/results_fixtures.md)",
-    "log-falconmamba4": "log-falconmamba grown to 4 layers: both Aggregate stages are named (all 8 groups of layer 2, "
-                        "which acts at the query only, and 7 of layer 1, which also acts at the entries: 15 removed "
+    "log-falconmamba4": "log-falconmamba grown to 4 layers: the layer that reads the entry is named (all 8 groups of "
+                        "layer 2), beside 7 groups of layer 1, which carries the queried key at the query (15 removed "
                         "leave 0.25, random sets 1.0), but layer 1's conv, named by sufficiency on 8 prompts, fails "
                         "the test's check on 64: removed at every entry token it leaves 0.27, over twice chance, and "
                         "kept at the read positions only 0.30 (docs/results_fixtures.md)",
