@@ -2,8 +2,10 @@
 the Falcon-Mamba fixtures' layer-0 groups, which the detector names as Aggregate groups beside layer 1).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/query_interchange.py tests/fixtures/models/notes-falconmamba
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/query_interchange.py mamba1-kv     # a zoo model, its KV task
 
-Interchange at the query.  For each prompt ``P`` (a fixture's own task, 64 prompts, seed 0; single-token values)
+Interchange at the query.  For each prompt ``P`` (a fixture's own task, or a zoo model's KV task; 64 prompts, seed
+0; single-token values)
 two donors of the same length are built from its tokens:
 
 * **other values**: every entry's value moved to the next entry (a rotation), the queried key unchanged.  A layer
@@ -83,7 +85,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("fixtures", nargs="+", type=Path, help="fixture directories (single-token values)")
+    p.add_argument("models", nargs="+", help="fixture directories or zoo model names (single-token values)")
     p.add_argument("--n", type=int, default=64)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -91,10 +93,14 @@ def main(argv: list[str]) -> int:
     from fixture_tasks import fixture_task  # tests/fixtures
 
     from gather_aggregate import load_model
+    from gather_aggregate.tasks.registry import get_task
+    from gather_aggregate.zoo import zoo_path
 
-    for d in a.fixtures:
+    for name in a.models:
+        d = Path(name) if Path(name).is_dir() else zoo_path(name)
         model = load_model(d)
-        ex = [(e, dn) for e in fixture_task(d).examples(model.tokenizer, n=a.n, seed=0) if (dn := donors(e))]
+        task = fixture_task(d) if (d / "fixture.json").is_file() else get_task("kv", model_dir=d)
+        ex = [(e, dn) for e in task.examples(model.tokenizer, n=a.n, seed=0) if (dn := donors(e))]
         print(f"{d.name}: {len(ex)} prompts", flush=True)
         for kind in ("other values", "other key"):
             for layer in range(model.n_layers):
