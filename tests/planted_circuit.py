@@ -154,8 +154,8 @@ class PlantedModel(HookedPatterns, HookedRootModule, ProtocolMixin):
             pat = torch.stack(pats, 1)  # [b, h, q, k]
             if self.kinds[i] == "ssm":
                 pat = pat + self._tail(L)
-            elif self.kinds[i] == "delta":  # not the key-mover's row: its output is the query, which the
-                # Aggregate heads match against the gathered content, so the first token's term would match itself
+            elif self.kinds[i] == "delta":  # not the key-mover's or a relay's row: each output is a query, which
+                # the Aggregate heads match against the gathered content, so the first token's term would match itself
                 plain = torch.tensor([role not in ("keymover", "relay") for role in spec]).float()
                 pat = pat + self._delta_terms(L) * plain[:, None, None]
             pat = self.hooks_pattern[i](pat)
