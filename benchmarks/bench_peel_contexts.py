@@ -45,6 +45,8 @@ def prompts(name: str) -> tuple[Any, list[Any]]:
 
 
 def measure(name: str) -> dict[str, Any]:
+    from unittest import mock
+
     import gather_aggregate.detect.causal_evidence as ce
     import gather_aggregate.detect.rules as rules
     from gather_aggregate.detect.detector import find_ga_heads
@@ -57,17 +59,14 @@ def measure(name: str) -> dict[str, Any]:
             super().__init__(*args, **kwargs)
             probers.append(self)
 
-    in_use, out = ce.CONTEXTS, {}
-    rules.Prober = Counted  # the rule looks it up in rules at call time
-    try:
-        for label, contexts in (("whole group", ("group",)), ("in use", in_use)):
-            ce.CONTEXTS = contexts
+    out = {}
+    for label, contexts in (("whole group", ("group",)), ("in use", ce.CONTEXTS)):
+        # the rule looks both up at call time; patch.object restores them, also on error
+        with mock.patch.object(ce, "CONTEXTS", contexts), mock.patch.object(rules, "Prober", Counted):
             t0 = time.perf_counter()
             ga = find_ga_heads(model, ex, batch_size=BATCH)
             out[label] = (time.perf_counter() - t0, probers[-1].n_forwards,
                           (ga.gather, ga.gather_conv, ga.aggregate, sorted(ga.pairs)))
-    finally:
-        ce.CONTEXTS, rules.Prober = in_use, ce.Prober
     return out
 
 

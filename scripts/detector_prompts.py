@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +40,3 @@ def detector_prompts(argv: Sequence[str], description: str) -> Iterator[tuple[Pa
         else:  # a zoo model
             for t in ("kv", "letter-mc"):
                 yield d, t, model, get_task(t, model_dir=d).examples(model.tokenizer, n=96, seed=0)
-
-
-@contextmanager
-def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """``owner.name`` set to ``value`` inside the block and restored after it, also on error (a comparison runs the
-    detector under an earlier rule this way)."""
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)

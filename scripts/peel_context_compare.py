@@ -19,14 +19,14 @@ from typing import Any
 
 
 def both_rules(model: Any, examples: list[Any]) -> dict[str, tuple]:
-    from detector_prompts import patched  # scripts/
+    from unittest import mock
 
     import gather_aggregate.detect.causal_evidence as ce
     from gather_aggregate.detect.detector import find_ga_heads
 
     out = {}
     for label, contexts in (("whole group", ("group",)), ("in use", ce.CONTEXTS)):
-        with patched(ce, "CONTEXTS", contexts):
+        with mock.patch.object(ce, "CONTEXTS", contexts):
             ga = find_ga_heads(model, examples)
         loss = {role: round(g["loss"], 2) for role, g in ga.groups.items() if g.get("named")}
         out[label] = (ga.gather, ga.gather_conv, ga.aggregate, sorted(ga.pairs), loss)
