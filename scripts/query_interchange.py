@@ -56,25 +56,37 @@ def donors(e: Any) -> dict[str, tuple[list[int], int]] | None:
             "other key": (other, first.index(ids[vals[nxt]]))}
 
 
-def run_layer(model: Any, e: Any, donor: list[int], layer: int) -> int:
-    """The candidate ``P`` answers with (first tokens) when ``layer``'s heads at the query carry ``donor``'s."""
+def donor_outputs(model: Any, donor: list[int], q: int) -> dict[int, Any]:
+    """Per layer, its heads' outputs at position ``q`` in ``donor``'s run (one forward for every layer)."""
     import torch
 
-    name, axis = model.head_hook(layer)
-    q = e.query_pos
-    got: dict[str, Any] = {}
+    got: dict[int, Any] = {}
 
-    def grab(z: Any, hook: Any) -> None:
-        got["z"] = z.select(1, q).detach().clone()  # [batch, ...heads, d] at the query position
+    def grab(layer: int) -> Any:
+        def hook(z: Any, hook: Any) -> None:
+            got[layer] = z.select(1, q).detach().clone()  # [batch, ...heads, d] at the query position
 
-    def put(z: Any, hook: Any) -> Any:
-        z = z.clone()
-        z[:, q] = got["z"].to(z.dtype)
-        return z
+        return hook
 
     with torch.no_grad():
-        model.run_with_hooks(torch.tensor([donor]), fwd_hooks=[(name, grab)])
-        logits = model.run_with_hooks(torch.tensor([e.input_ids]), fwd_hooks=[(name, put)])[0, q]
+        model.run_with_hooks(torch.tensor([donor]), fwd_hooks=[(model.head_hook(la)[0], grab(la))
+                                                                for la in range(model.n_layers)])
+    return got
+
+
+def answer_with(model: Any, e: Any, layer: int, z: Any) -> int:
+    """The candidate ``P`` answers with (first tokens) when ``layer``'s heads at the query carry ``z``."""
+    import torch
+
+    q = e.query_pos
+
+    def put(x: Any, hook: Any) -> Any:
+        x = x.clone()
+        x[:, q] = z.to(x.dtype)
+        return x
+
+    with torch.no_grad():
+        logits = model.run_with_hooks(torch.tensor([e.input_ids]), fwd_hooks=[(model.head_hook(layer)[0], put)])[0, q]
     first = torch.tensor([c[0] for c in e.candidate_ids])
     return int(logits[first].argmax())
 
@@ -103,8 +115,9 @@ def main(argv: list[str]) -> int:
         ex = [(e, dn) for e in task.examples(model.tokenizer, n=a.n, seed=0) if (dn := donors(e))]
         print(f"{d.name}: {len(ex)} prompts", flush=True)
         for kind in ("other values", "other key"):
+            zs = [donor_outputs(model, dn[kind][0], e.query_pos) for e, dn in ex]
             for layer in range(model.n_layers):
-                out = [run_layer(model, e, dn[kind][0], layer) for e, dn in ex]
+                out = [answer_with(model, e, layer, z[layer]) for (e, _), z in zip(ex, zs)]
                 own = sum(o == e.answer for o, (e, _) in zip(out, ex)) / len(ex)
                 donor = sum(o == dn[kind][1] for o, (_, dn) in zip(out, ex)) / len(ex)
                 print(f"  {kind}: layer {layer} at the query from the donor: P's value {own:.2f}, the donor's "
